@@ -1,0 +1,100 @@
+"""`estimator-dist` command line: parse arguments, call one function, map errors to exit codes."""
+import argparse
+import sys
+
+from estimator_dist import errors
+
+TRAIN_FLAGS = {
+    # flag: (type, help)
+    "input": (str, "registered input (default: the model's own)"),
+    "data_dir": (str, "directory with the input's data files"),
+    "data_path": (str, "a data file, e.g. the CSV for --model tabular"),
+    "label_column": (str, "the label column of --data_path"),
+    "synthetic": (bool, "use generated in-memory data of the right shapes"),
+    "strategy": (str, "none | one_device | mirrored | central_storage (default none)"),
+    "num_devices": (int, "devices to use: 0 = auto (all GPUs, else 1 CPU); on a CPU-only "
+                         "machine N logical CPU devices"),
+    "batch_size": (int, "GLOBAL batch per step; each of R replicas gets batch_size / R"),
+    "train_steps": (int, "global step to train to"),
+    "eval_steps": (int, "batches per evaluation (0 = the whole eval set)"),
+    "eval_every": (int, "steps between evaluations (sets the checkpoint interval)"),
+    "save_checkpoints_steps": (int, "steps between checkpoints (default 500 or the model's)"),
+    "keep_checkpoint_max": (int, "checkpoints (and latest/best exports) to keep"),
+    "seed": (int, "graph-level random seed (default: none)"),
+    "export": (str, "latest | best | final | none (default final)"),
+    "model_dir": (str, "where checkpoints, events, config and exports go (default runs/MODEL)"),
+    "summary_json": (str, "write final metrics, global step, exports, examples/sec here"),
+}
+
+
+def _add_common(p):
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import a module that registers more models/inputs (repeatable)")
+    p.add_argument("--verbose", action="store_true", help="show TensorFlow's own logging")
+
+
+def _add_train_flags(p):
+    p.add_argument("--model", default=None, help="registered model (default digits)")
+    p.add_argument("--config", default=None, metavar="YAML", help="a run config file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model hparam (repeatable); unknown keys fail")
+    for name, (kind, text) in TRAIN_FLAGS.items():
+        if kind is bool:
+            p.add_argument(f"--{name}", action="store_const", const=True, default=None, help=text)
+        else:
+            p.add_argument(f"--{name}", type=kind, default=None, help=text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="estimator-dist", description="Estimator-based data-parallel training.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    train = sub.add_parser("train", help="train and evaluate a registered model")
+    _add_train_flags(train)
+    _add_common(train)
+
+    ev = sub.add_parser("evaluate", help="evaluate a model_dir's checkpoint on its eval data")
+    ev.add_argument("--model_dir", required=True)
+    ev.add_argument("--checkpoint", default="", help="a checkpoint path or model.ckpt-N (default latest)")
+    ev.add_argument("--eval_steps", type=int, default=None, help="batches (default: as trained)")
+    _add_common(ev)
+
+    ex = sub.add_parser("export", help="export a SavedModel from a model_dir's checkpoint, on CPU")
+    ex.add_argument("--model_dir", required=True)
+    ex.add_argument("--checkpoint", default="", help="a checkpoint path or model.ckpt-N (default latest)")
+    ex.add_argument("--export_dir", default="", help="base directory (default MODEL_DIR/export/manual)")
+    _add_common(ex)
+
+    pr = sub.add_parser("predict", help="run a SavedModel on a CSV or .npy file, write a CSV")
+    pr.add_argument("--saved_model", required=True, help="a SavedModel directory (or a model_dir: its newest export)")
+    pr.add_argument("--input", required=True, dest="input_path", help="a .csv (columns = features) or .npy (one feature)")
+    pr.add_argument("--output", default="", help="CSV to write (default: stdout)")
+    pr.add_argument("--batch_size", type=int, default=256)
+    _add_common(pr)
+
+    ls = sub.add_parser("list", help="registered models and inputs with their hparams")
+    _add_common(ls)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from estimator_dist import quiet
+
+    quiet.configure(args.verbose)
+    from estimator_dist import commands
+
+    try:
+        return commands.run(args.command, args) or errors.EXIT_OK
+    except errors.UserError as e:
+        print(f"estimator-dist: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("estimator-dist: interrupted", file=sys.stderr)
+        return errors.EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

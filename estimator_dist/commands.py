@@ -1,0 +1,92 @@
+"""What each CLI subcommand does, given its parsed arguments."""
+import os
+import sys
+
+from estimator_dist import config as config_lib
+from estimator_dist import export as export_lib
+from estimator_dist import runner
+from estimator_dist.cli import TRAIN_FLAGS
+from estimator_dist.errors import UserError
+from estimator_dist.registry import INPUTS, MODELS
+
+
+def config_from_args(args) -> config_lib.Config:
+    """Config file + flags + --set, strictly, after registering built-ins and --import modules."""
+    runner.load_builtins()
+    file_data = config_lib.load_yaml(args.config) if args.config else {}
+    config_lib.check_top_level(file_data)
+    imports = tuple(file_data.get("imports") or ()) + tuple(args.imports)
+    runner.import_user_modules(imports)
+    model = args.model or file_data.get("model") or "digits"
+    entry = MODELS.get(model)
+    flags = {name: getattr(args, name) for name in TRAIN_FLAGS}
+    return config_lib.build_config(model, file_data, flags, entry.run_defaults, entry.hparams,
+                                   tuple(args.overrides), imports)
+
+
+def saved_config(model_dir: str, **flags):
+    """The config a run saved in model_dir, re-resolved for one CPU with `flags` applied."""
+    runner.load_builtins()
+    data = config_lib.load_saved(model_dir)
+    resolved = data.pop("resolved", {})
+    runner.import_user_modules(data.get("imports") or ())
+    entry = MODELS.get(data.get("model", ""))
+    flags = {"strategy": "none", "num_devices": 1, "model_dir": model_dir, **flags}
+    config = config_lib.build_config(data["model"], data, flags, {}, entry.hparams, (),
+                                     tuple(data.get("imports") or ()))
+    return config, resolved
+
+
+def train(args):
+    runner.train(config_from_args(args))
+
+
+def evaluate(args):
+    config, _ = saved_config(args.model_dir, eval_steps=args.eval_steps)
+    metrics = runner.evaluate(config, args.checkpoint)
+    print("  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in sorted(metrics.items())))
+
+
+def export(args):
+    config, resolved = saved_config(args.model_dir)
+    if "input_meta" not in resolved:
+        raise UserError(f"{args.model_dir}/{config_lib.CONFIG_FILE} has no resolved input "
+                        f"metadata; retrain with this version")
+    base = args.export_dir or os.path.join(args.model_dir, export_lib.EXPORT_SUBDIR, "manual")
+    print(runner.export(config, resolved["input_meta"], base, args.checkpoint))
+
+
+def predict(args):
+    from estimator_dist import predict as predict_lib
+
+    frame = predict_lib.predict_file(args.saved_model, args.input_path, args.batch_size)
+    if args.output:
+        tmp = args.output + ".tmp"
+        frame.to_csv(tmp, index=False)
+        os.replace(tmp, args.output)
+        print(f"wrote {len(frame)} predictions to {args.output}")
+    else:
+        frame.to_csv(sys.stdout, index=False)
+
+
+def list_registered(args):
+    runner.load_builtins()
+    runner.import_user_modules(args.imports)
+    print("models:")
+    for name in MODELS.names():
+        entry = MODELS.get(name)
+        hparams = ", ".join(f"{k}={v}" for k, v in entry.hparams.items())
+        print(f"  {name:<12} (input {entry.default_input}) {entry.doc}")
+        print(f"  {'':<12} hparams: {hparams}")
+    print("inputs:")
+    for name in INPUTS.names():
+        print(f"  {name:<12} {INPUTS.get(name).doc}")
+
+
+COMMANDS = {"train": train, "evaluate": evaluate, "export": export, "predict": predict,
+            "list": list_registered}
+
+
+def run(name: str, args):
+    return COMMANDS[name](args)

@@ -1,0 +1,271 @@
+"""Run configuration: frozen dataclasses, strict YAML / flag / --set overrides.
+
+Precedence, lowest first: dataclass defaults, the model's registered
+run_defaults, the YAML file (--config), command-line flags, then --set for hparams.
+"""
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import yaml
+
+from estimator_dist.errors import UserError
+
+CONFIG_FILE = "config.yaml"
+EXPORT_MODES = ("latest", "best", "final", "none")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the examples come from."""
+
+    input: str = ""
+    data_dir: str = ""
+    data_path: str = ""
+    label_column: str = ""
+    synthetic: bool = False
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How long and how to train, checkpoint, evaluate and export."""
+
+    batch_size: int = 64
+    train_steps: int = 1000
+    eval_steps: int = 0
+    eval_every: int = 0
+    save_checkpoints_steps: int = 0
+    keep_checkpoint_max: int = 5
+    seed: int = -1
+    export: str = "final"
+    model_dir: str = ""
+    summary_json: str = ""
+
+
+@dataclass(frozen=True)
+class DistributeConfig:
+    """Which strategy and how many devices."""
+
+    strategy: str = "none"
+    num_devices: int = 0
+
+
+SECTIONS = {"data": DataConfig, "train": TrainConfig, "distribute": DistributeConfig}
+TOP_LEVEL = ("model", "imports", "hparams") + tuple(SECTIONS)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a run needs; `hparams` are the model's, after overrides."""
+
+    model: str = "digits"
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    distribute: DistributeConfig = field(default_factory=DistributeConfig)
+    hparams: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    imports: Tuple[str, ...] = ()
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "model": self.model,
+            "imports": list(self.imports),
+            **{name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS},
+            "hparams": dict(self.hparams),
+        }
+
+
+def field_types(cls) -> Dict[str, type]:
+    return {f.name: f.type if isinstance(f.type, type) else eval(f.type) for f in fields(cls)}  # noqa: S307
+
+
+def flag_names() -> Dict[str, str]:
+    """Flag name -> section, for every field of every section (names are unique)."""
+    return {f.name: section for section, cls in SECTIONS.items() for f in fields(cls)}
+
+
+def _unknown_key(key, valid, where):
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return UserError(f"the key '{key}' does not exist in {where}; valid keys: "
+                     f"{', '.join(sorted(valid))}{hint}")
+
+
+def check_type(key, value, expected, where):
+    """Return value as `expected`, or raise naming key, value and the type wanted."""
+    if expected is bool:
+        if isinstance(value, bool):
+            return value
+    elif expected is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif expected is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif expected is str:
+        if isinstance(value, str):
+            return value
+    elif isinstance(value, expected):
+        return value
+    raise UserError(f"{where}: '{key}' must be {expected.__name__}, got {value!r} "
+                    f"({type(value).__name__})")
+
+
+def parse_scalar(key, text, expected):
+    """Parse a --set / flag string into the type of the default it overrides."""
+    if expected is bool:
+        lowered = text.strip().lower()
+        if lowered in ("true", "1", "yes"):
+            return True
+        if lowered in ("false", "0", "no"):
+            return False
+    elif expected is int:
+        try:
+            return int(text)
+        except ValueError:
+            pass
+    elif expected is float:
+        try:
+            return float(text)
+        except ValueError:
+            pass
+    elif expected is str:
+        return text
+    raise UserError(f"--set {key}={text}: '{key}' takes a {expected.__name__} "
+                    f"(its default is of that type); fix the value")
+
+
+def load_yaml(path: str) -> Dict[str, Any]:
+    """Read a config file; a malformed one is a UserError naming the file and line."""
+    if not os.path.isfile(path):
+        raise UserError(f"config file '{path}' does not exist; check the --config path")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"config file '{path}'{where}: not valid YAML ({problem})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file '{path}' must hold a mapping of keys "
+                        f"({', '.join(TOP_LEVEL)}), got {type(data).__name__}")
+    return data
+
+
+def merge_sections(base: Dict[str, Dict[str, Any]], updates: Mapping[str, Any], where: str):
+    """Apply nested updates {section: {key: value}} onto base, strictly."""
+    for section, values in updates.items():
+        if section not in SECTIONS:
+            raise _unknown_key(section, list(SECTIONS), where)
+        if not isinstance(values, Mapping):
+            raise UserError(f"{where}: '{section}' must be a mapping, got {values!r}")
+        types = field_types(SECTIONS[section])
+        for key, value in values.items():
+            if key not in types:
+                raise _unknown_key(key, list(types), f"{where} section '{section}'")
+            base[section][key] = check_type(key, value, types[key], f"{where} section '{section}'")
+
+
+def resolve_hparams(defaults: Mapping[str, Any], from_file: Mapping[str, Any],
+                    overrides: Tuple[str, ...], model: str) -> Dict[str, Any]:
+    """Model defaults, then YAML hparams, then --set key=value; unknown keys fail."""
+    hparams = dict(defaults)
+    where = f"the hparams of model '{model}'"
+    for key, value in (from_file or {}).items():
+        if key not in defaults:
+            raise _unknown_key(key, list(defaults), where)
+        hparams[key] = check_type(key, value, type(defaults[key]), where)
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"--set '{item}' is not key=value; e.g. --set learning_rate=0.1")
+        key, text = item.split("=", 1)
+        key = key.strip()
+        if key not in defaults:
+            raise _unknown_key(key, list(defaults), where)
+        hparams[key] = parse_scalar(key, text, type(defaults[key]))
+    return hparams
+
+
+def build_config(model: str, file_data: Mapping[str, Any], flags: Mapping[str, Any],
+                 run_defaults: Mapping[str, Any], hparam_defaults: Mapping[str, Any],
+                 overrides: Tuple[str, ...] = (), imports: Tuple[str, ...] = ()) -> Config:
+    """Combine every source into one frozen Config (see module docstring for order)."""
+    sections = {name: dataclasses.asdict(cls()) for name, cls in SECTIONS.items()}
+    section_of = flag_names()
+    for key, value in run_defaults.items():
+        if key not in section_of:
+            raise _unknown_key(key, list(section_of), f"run_defaults of model '{model}'")
+        sections[section_of[key]][key] = value
+    merge_sections(sections, {k: v for k, v in file_data.items() if k in SECTIONS}, "config file")
+    for key, value in flags.items():
+        if value is not None:
+            sections[section_of[key]][key] = value
+    hparams = resolve_hparams(hparam_defaults, file_data.get("hparams") or {}, overrides, model)
+    return Config(
+        model=model,
+        data=DataConfig(**sections["data"]),
+        train=TrainConfig(**sections["train"]),
+        distribute=DistributeConfig(**sections["distribute"]),
+        hparams=MappingProxyType(hparams),
+        imports=tuple(imports),
+    )
+
+
+def check_top_level(file_data: Mapping[str, Any], where="config file"):
+    for key in file_data:
+        if key not in TOP_LEVEL:
+            raise _unknown_key(key, list(TOP_LEVEL), where)
+
+
+def validate(config: Config):
+    """Range checks that need no TensorFlow; raise UserError on the first problem."""
+    t = config.train
+    positive = {"batch_size": t.batch_size, "train_steps": t.train_steps,
+                "keep_checkpoint_max": t.keep_checkpoint_max}
+    for key, value in positive.items():
+        if value <= 0:
+            raise UserError(f"--{key} {value}: must be > 0")
+    for key in ("eval_steps", "eval_every", "save_checkpoints_steps"):
+        if getattr(t, key) < 0:
+            raise UserError(f"--{key} {getattr(t, key)}: must be >= 0 (0 means the default)")
+    if t.export not in EXPORT_MODES:
+        raise UserError(f"--export {t.export}: must be one of {', '.join(EXPORT_MODES)}")
+    if t.eval_every and t.save_checkpoints_steps and t.eval_every != t.save_checkpoints_steps:
+        raise UserError(
+            f"--eval_every {t.eval_every} and --save_checkpoints_steps {t.save_checkpoints_steps} "
+            f"differ; Estimator evaluates after every checkpoint, so give one of them")
+    if config.distribute.num_devices < 0:
+        raise UserError(f"--num_devices {config.distribute.num_devices}: must be >= 0 (0 = auto)")
+
+
+def checkpoint_every(config: Config) -> int:
+    """Steps between checkpoints (and so between evaluations)."""
+    t = config.train
+    return t.eval_every or t.save_checkpoints_steps or max(1, min(500, t.train_steps))
+
+
+def save(config: Config, model_dir: str, extra: Optional[Mapping[str, Any]] = None):
+    """Write the resolved config (and extra resolved facts) into model_dir, atomically."""
+    data = config.to_dict()
+    if extra:
+        data["resolved"] = dict(extra)
+    path = os.path.join(model_dir, CONFIG_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+    os.replace(tmp, path)
+    return path
+
+
+def load_saved(model_dir: str) -> Dict[str, Any]:
+    """The config a training run saved into model_dir."""
+    path = os.path.join(model_dir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise UserError(f"'{model_dir}' has no {CONFIG_FILE}; is it a model_dir written by "
+                        f"'estimator-dist train'?")
+    return load_yaml(path)

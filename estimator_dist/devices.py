@@ -1,0 +1,55 @@
+"""Which devices a run uses, and the session config that makes them visible.
+
+On a CPU-only machine `--num_devices N` means N logical CPU devices. Estimator
+sessions see one CPU unless the session config declares the count; without it
+MirroredStrategy over /cpu:0,/cpu:1 hangs forever (TF 2.15, measured).
+"""
+import os
+from dataclasses import dataclass
+from typing import Tuple
+
+import tensorflow as tf
+
+from estimator_dist.errors import UserError
+
+MAX_LOGICAL_CPUS = max(8, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class Devices:
+    """The compute devices of one process and how to configure its session."""
+
+    names: Tuple[str, ...]
+    kind: str  # "GPU" or "CPU"
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+    def session_config(self) -> tf.compat.v1.ConfigProto:
+        cpus = self.count if self.kind == "CPU" else 1
+        config = tf.compat.v1.ConfigProto(
+            device_count={"CPU": cpus}, allow_soft_placement=True)
+        if self.kind == "GPU":
+            config.gpu_options.allow_growth = True
+        return config
+
+
+def gpu_count() -> int:
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+def resolve(num_devices: int, gpus: int = None) -> Devices:
+    """Devices for `--num_devices` (0 = auto: every GPU, else one CPU)."""
+    gpus = gpu_count() if gpus is None else gpus
+    if gpus:
+        n = num_devices or gpus
+        if n > gpus:
+            raise UserError(f"--num_devices {n}: this machine has {gpus} GPU(s); "
+                            f"ask for at most {gpus} (or 0 for all)")
+        return Devices(tuple(f"/gpu:{i}" for i in range(n)), "GPU")
+    n = num_devices or 1
+    if n > MAX_LOGICAL_CPUS:
+        raise UserError(f"--num_devices {n}: this machine has no GPU and allows at most "
+                        f"{MAX_LOGICAL_CPUS} logical CPU devices; ask for fewer")
+    return Devices(tuple(f"/cpu:{i}" for i in range(n)), "CPU")

@@ -1,0 +1,123 @@
+"""Name -> function registries for model_fns and input_fns.
+
+Built-ins register by explicit imports in `model_fns/__init__.py` and
+`input_fns/__init__.py`; users add their own with `--import my.module`.
+"""
+import difflib
+import inspect
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from estimator_dist.errors import UserError
+
+# Estimator passes these by name; a model_fn may take any subset that includes features.
+MODEL_FN_ARGS = ("features", "labels", "mode", "params", "config")
+INPUT_FN_ARGS = ("mode", "params", "input_context")
+
+
+def snake_case(name: str) -> str:
+    """CamelCase or mixed names -> snake_case, the default registry key."""
+    s1 = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", s1).lower()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered function with what the runner needs to know about it."""
+
+    name: str
+    fn: Callable
+    hparams: Mapping[str, Any] = field(default_factory=dict)
+    default_input: Optional[str] = None
+    run_defaults: Mapping[str, Any] = field(default_factory=dict)
+    prepare: Optional[Callable] = None
+    doc: str = ""
+
+
+class Registry:
+    """A named collection of functions; duplicates are errors, misses list the names."""
+
+    def __init__(self, kind: str, allowed_args, required_args):
+        self.kind = kind
+        self._allowed = tuple(allowed_args)
+        self._required = tuple(required_args)
+        self._entries: Dict[str, Entry] = {}
+
+    def register(self, name=None, **meta):
+        """Decorator: `@registry.register("name", hparams={...})`."""
+
+        def decorator(fn):
+            key = name or snake_case(fn.__name__)
+            self._check_signature(key, fn)
+            if key in self._entries:
+                raise UserError(
+                    f"{self.kind} '{key}' is already registered (by {self._entries[key].fn.__module__}); "
+                    f"pick another name")
+            doc = (inspect.getdoc(fn) or "").split("\n")[0]
+            self._entries[key] = Entry(name=key, fn=fn, doc=doc, **meta)
+            return fn
+
+        return decorator
+
+    def _check_signature(self, key, fn):
+        if not callable(fn):
+            raise UserError(f"{self.kind} '{key}' must be a function, got {type(fn).__name__}")
+        args = list(inspect.signature(fn).parameters)
+        unknown = [a for a in args if a not in self._allowed]
+        missing = [a for a in self._required if a not in args]
+        if unknown or missing:
+            raise UserError(
+                f"{self.kind} '{key}' has arguments ({', '.join(args)}); allowed: "
+                f"({', '.join(self._allowed)}), required: ({', '.join(self._required)})")
+
+    def get(self, key: str) -> Entry:
+        """The entry for `key`, or a UserError listing what is registered."""
+        if key in self._entries:
+            return self._entries[key]
+        names = sorted(self._entries)
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise UserError(
+            f"unknown {self.kind} '{key}'; registered: {', '.join(names) or 'none'}{hint} "
+            f"(register your own with --import my.module)")
+
+    def names(self):
+        return sorted(self._entries)
+
+    def __contains__(self, key):
+        return key in self._entries
+
+    def unregister(self, key: str):
+        """Remove an entry (tests register throwaway functions)."""
+        self._entries.pop(key, None)
+
+
+MODELS = Registry("model", MODEL_FN_ARGS, ("features",))
+INPUTS = Registry("input", INPUT_FN_ARGS, ("mode", "params"))
+
+
+def register_model(name=None, hparams=None, default_input=None, run_defaults=None):
+    """Register an Estimator model_fn `(features, labels, mode, params[, config])`.
+
+    Args:
+      name: registry key; defaults to the function's snake_case name.
+      hparams: default hyperparameters; `--set key=value` may override only these keys.
+      default_input: the registered input used when `--input` is not given.
+      run_defaults: this model's defaults for run settings such as batch_size and
+        train_steps; a config file or flag still wins.
+    """
+    return MODELS.register(name, hparams=dict(hparams or {}), default_input=default_input,
+                           run_defaults=dict(run_defaults or {}))
+
+
+def register_input(name=None, prepare=None):
+    """Register an input function `(mode, params[, input_context]) -> tf.data.Dataset`.
+
+    Args:
+      name: registry key; defaults to the function's snake_case name.
+      prepare: `prepare(params) -> dict`, run once before training: checks the data
+        exists (raise UserError if not) and returns extra params, which must include
+        `serving_features`: {feature name: (shape without batch, dtype name)}.
+    """
+    return INPUTS.register(name, prepare=prepare)

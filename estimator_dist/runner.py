@@ -1,0 +1,263 @@
+"""A run, built from small steps: plan -> strategy -> RunConfig -> Estimator -> specs -> run.
+
+`plan()` resolves and validates everything (registry lookups, devices, batch
+split, the input's data) before anything is written, so bad input leaves
+model_dir untouched.
+"""
+import importlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import tensorflow as tf
+
+from estimator_dist import config as config_lib
+from estimator_dist import devices as devices_lib
+from estimator_dist import export as export_lib
+from estimator_dist import strategies
+from estimator_dist.errors import UserError
+from estimator_dist.hooks import ProgressHook
+from estimator_dist.registry import INPUTS, MODELS, Entry
+
+
+def load_builtins():
+    """Import the built-in model_fns and input_fns (imports force registration)."""
+    importlib.import_module("model_fns")
+    importlib.import_module("input_fns")
+
+
+def import_user_modules(modules):
+    """`--import my.module`: import modules that register more models and inputs."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise UserError(f"--import {name}: cannot import it ({e}); is it on PYTHONPATH "
+                            f"(run from its parent directory or pip install it)?") from None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated run: nothing here has touched the disk yet."""
+
+    config: config_lib.Config
+    model: Entry
+    input: Entry
+    devices: devices_lib.Devices
+    replicas: int
+    per_replica_batch: int
+    input_meta: Dict[str, Any]
+    model_dir: str
+
+    @property
+    def global_batch(self) -> int:
+        return self.config.train.batch_size
+
+    def params(self) -> Dict[str, Any]:
+        """What the model_fn and input_fn receive as `params`."""
+        c = self.config
+        return {
+            **c.hparams,
+            **{k: v for k, v in self.input_meta.items() if k != "serving_features"},
+            "batch_size": self.per_replica_batch,
+            "global_batch_size": self.global_batch,
+            "num_replicas": self.replicas,
+            "train_steps": c.train.train_steps,
+            "data_dir": c.data.data_dir,
+            "data_path": c.data.data_path,
+            "label_column": c.data.label_column,
+            "synthetic": c.data.synthetic,
+            "seed": c.train.seed if c.train.seed >= 0 else None,
+        }
+
+
+def default_model_dir(config) -> str:
+    return config.train.model_dir or os.path.join("runs", config.model)
+
+
+def input_params(config, per_replica_batch) -> Dict[str, Any]:
+    return {**config.hparams, "batch_size": per_replica_batch, "data_dir": config.data.data_dir,
+            "data_path": config.data.data_path, "label_column": config.data.label_column,
+            "synthetic": config.data.synthetic, "train_steps": config.train.train_steps,
+            "seed": config.train.seed if config.train.seed >= 0 else None}
+
+
+def run_prepare(entry: Entry, params) -> Dict[str, Any]:
+    meta = dict(entry.prepare(params)) if entry.prepare else {}
+    if "serving_features" not in meta:
+        raise UserError(f"input '{entry.name}' gives no serving_features from its prepare(); "
+                        f"register it with prepare= returning them (see README)")
+    json.dumps(meta)  # saved into model_dir; must be plain data
+    return meta
+
+
+def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None) -> Plan:
+    """Resolve and check everything a run needs; raises UserError, writes nothing."""
+    config_lib.validate(config)
+    model = MODELS.get(config.model)
+    input_entry = INPUTS.get(config.data.input or model.default_input or config.model)
+    strategies.check_name(config.distribute.strategy)
+    devices = devices_lib.resolve(config.distribute.num_devices)
+    strategies.check_devices(config.distribute.strategy, devices)
+    per_replica = strategies.per_replica_batch(
+        config.distribute.strategy, config.train.batch_size, devices)
+    if input_meta is None:
+        input_meta = run_prepare(input_entry, input_params(config, per_replica))
+    return Plan(config=config, model=model, input=input_entry, devices=devices,
+                replicas=strategies.num_replicas(config.distribute.strategy, devices),
+                per_replica_batch=per_replica, input_meta=input_meta,
+                model_dir=default_model_dir(config))
+
+
+def build_run_config(p: Plan, strategy) -> tf.estimator.RunConfig:
+    t = p.config.train
+    return tf.estimator.RunConfig(
+        model_dir=p.model_dir,
+        tf_random_seed=t.seed if t.seed >= 0 else None,
+        save_checkpoints_steps=config_lib.checkpoint_every(p.config),
+        save_checkpoints_secs=None,
+        keep_checkpoint_max=t.keep_checkpoint_max,
+        log_step_count_steps=None,
+        session_config=p.devices.session_config(),
+        train_distribute=strategy,
+        eval_distribute=strategy,
+    )
+
+
+def build_estimator(p: Plan, run_config) -> tf.estimator.Estimator:
+    return tf.estimator.Estimator(model_fn=p.model.fn, config=run_config, params=p.params())
+
+
+def make_input_fn(p: Plan, mode):
+    params = p.params()
+    fn = p.input.fn
+
+    def input_fn(input_context=None):
+        return fn(mode, params, input_context) if _takes_context(fn) else fn(mode, params)
+
+    return input_fn
+
+
+def _takes_context(fn) -> bool:
+    import inspect
+
+    return "input_context" in inspect.signature(fn).parameters
+
+
+def build_specs(p: Plan, progress: ProgressHook):
+    t = p.config.train
+    train_spec = tf.estimator.TrainSpec(
+        make_input_fn(p, tf.estimator.ModeKeys.TRAIN), max_steps=t.train_steps, hooks=[progress])
+    eval_spec = tf.estimator.EvalSpec(
+        make_input_fn(p, tf.estimator.ModeKeys.EVAL), steps=t.eval_steps or None,
+        exporters=export_lib.make_exporters(t.export, p.input_meta["serving_features"],
+                                            t.keep_checkpoint_max),
+        start_delay_secs=0, throttle_secs=0)
+    return train_spec, eval_spec
+
+
+def checkpoint_step(model_dir: str) -> Optional[int]:
+    latest = tf.train.latest_checkpoint(model_dir) if os.path.isdir(model_dir) else None
+    return int(latest.rsplit("-", 1)[1]) if latest else None
+
+
+def describe(p: Plan) -> str:
+    c = p.config
+    return (f"model {c.model} | input {p.input.name} | strategy {c.distribute.strategy} on "
+            f"{p.devices.count} {p.devices.kind}(s) | global batch {p.global_batch} = "
+            f"{p.per_replica_batch} x {p.replicas} replica(s) | model_dir {p.model_dir}")
+
+
+def save_run_files(p: Plan):
+    """Write the resolved config into model_dir (the chief's job)."""
+    os.makedirs(p.model_dir, exist_ok=True)
+    config_lib.save(p.config, p.model_dir, extra={
+        "input": p.input.name,
+        "devices": list(p.devices.names),
+        "replicas": p.replicas,
+        "per_replica_batch": p.per_replica_batch,
+        "input_meta": p.input_meta,
+    })
+
+
+def write_summary(path: str, summary: Dict[str, Any]):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def plain(value):
+    """numpy scalars -> Python numbers for JSON."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
+    """Train and evaluate as configured; returns the run summary."""
+    p = plan(config)
+    out(describe(p))
+    start_step = checkpoint_step(p.model_dir)
+    if start_step is not None:
+        out(f"resuming from the checkpoint at step {start_step} in {p.model_dir}")
+    save_run_files(p)
+    strategy = strategies.make(config.distribute.strategy, p.devices)
+    estimator = build_estimator(p, build_run_config(p, strategy))
+    progress = ProgressHook(p.global_batch, config.train.train_steps,
+                            every_n=max(1, min(100, config.train.train_steps // 10)))
+    train_spec, eval_spec = build_specs(p, progress)
+    started = time.perf_counter()
+    result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
+    metrics = {k: plain(v) for k, v in (result[0] if result else {}).items()}
+    summary = {
+        "model": config.model,
+        "strategy": config.distribute.strategy,
+        "num_devices": p.devices.count,
+        "global_batch_size": p.global_batch,
+        "global_step": checkpoint_step(p.model_dir),
+        "start_step": start_step or 0,
+        "metrics": metrics,
+        "exports": export_lib.export_paths(p.model_dir),
+        "examples_per_sec": progress.examples_per_sec,
+        "wall_seconds": round(time.perf_counter() - started, 2),
+        "model_dir": p.model_dir,
+    }
+    out(format_result(summary))
+    if config.train.summary_json:
+        write_summary(config.train.summary_json, summary)
+    return summary
+
+
+def format_result(summary: Dict[str, Any]) -> str:
+    metrics = "  ".join(f"{k} {v:.4f}" for k, v in sorted(summary["metrics"].items())
+                        if k != "global_step" and isinstance(v, float))
+    line = f"done: step {summary['global_step']}  {metrics}"
+    if summary["exports"]:
+        line += f"\nexported: {summary['exports'][-1]}"
+    return line
+
+
+def single_device_estimator(p: Plan) -> tf.estimator.Estimator:
+    """An Estimator on one device: checkpoints from any strategy restore into it."""
+    return build_estimator(p, build_run_config(p, strategy=None))
+
+
+def evaluate(config: config_lib.Config, checkpoint: str = "") -> Dict[str, Any]:
+    """Evaluate a named or the latest checkpoint; refuses when there is none."""
+    p = plan(config)
+    path = export_lib.resolve_checkpoint(p.model_dir, checkpoint)
+    estimator = single_device_estimator(p)
+    metrics = estimator.evaluate(make_input_fn(p, tf.estimator.ModeKeys.EVAL),
+                                 steps=config.train.eval_steps or None, checkpoint_path=path,
+                                 name="cli")
+    return {k: plain(v) for k, v in metrics.items()}
+
+
+def export(config: config_lib.Config, input_meta: Dict[str, Any], export_base: str,
+           checkpoint: str = "") -> str:
+    """Export a SavedModel from a checkpoint on one CPU; no data needed."""
+    p = plan(config, input_meta=input_meta)
+    path = export_lib.resolve_checkpoint(p.model_dir, checkpoint)
+    return export_lib.export_saved_model(single_device_estimator(p), input_meta["serving_features"],
+                                         export_base, path)

@@ -1,0 +1,83 @@
+"""Strategy factory: a name -> the tf.distribute strategy Estimator runs under.
+
+`none` and `tower` return no strategy: `none` is a plain single-device Estimator,
+`tower` replicates the model_fn itself (see towers.py).
+"""
+import difflib
+from typing import Callable, Dict, Optional
+
+import tensorflow as tf
+
+from estimator_dist.devices import Devices
+from estimator_dist.errors import UserError
+
+
+def _none(devices: Devices):
+    return None
+
+
+def _one_device(devices: Devices):
+    return tf.distribute.OneDeviceStrategy(devices.names[0])
+
+
+def _mirrored(devices: Devices):
+    return tf.distribute.MirroredStrategy(devices=list(devices.names))
+
+
+def _central_storage(devices: Devices):
+    return tf.distribute.experimental.CentralStorageStrategy(
+        compute_devices=list(devices.names), parameter_device="/cpu:0")
+
+
+_BUILDERS: Dict[str, Callable[[Devices], Optional[tf.distribute.Strategy]]] = {
+    "none": _none,
+    "one_device": _one_device,
+    "mirrored": _mirrored,
+    "central_storage": _central_storage,
+}
+
+# Strategies that run one device however many are asked for.
+SINGLE_DEVICE = ("none", "one_device")
+
+
+def names():
+    return sorted(_BUILDERS)
+
+
+def check_name(name: str):
+    if name not in _BUILDERS:
+        close = difflib.get_close_matches(name, names(), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise UserError(f"--strategy {name}: unknown; choose one of {', '.join(names())}{hint}")
+
+
+def check_devices(name: str, devices: Devices):
+    if name in SINGLE_DEVICE and devices.count > 1:
+        raise UserError(f"--strategy {name} runs on one device, got --num_devices {devices.count}; "
+                        f"use --strategy mirrored for several")
+
+
+def num_replicas(name: str, devices: Devices) -> int:
+    return 1 if name in SINGLE_DEVICE else devices.count
+
+
+def per_replica_batch(name: str, global_batch: int, devices: Devices) -> int:
+    """The batch each replica's input_fn must produce for a GLOBAL batch.
+
+    Under a tf.distribute strategy Estimator calls input_fn once per replica, so
+    global = per-replica x replicas, and it must divide evenly.
+    """
+    replicas = num_replicas(name, devices)
+    if global_batch % replicas:
+        raise UserError(
+            f"--batch_size {global_batch} is not divisible by the {replicas} replicas of "
+            f"--strategy {name}; use a multiple of {replicas} (e.g. "
+            f"{(global_batch // replicas + 1) * replicas})")
+    return global_batch // replicas
+
+
+def make(name: str, devices: Devices):
+    """The strategy object for `name` over `devices` (None for none)."""
+    check_name(name)
+    check_devices(name, devices)
+    return _BUILDERS[name](devices)

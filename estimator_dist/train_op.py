@@ -1,0 +1,104 @@
+"""`minimize(loss, params)`: the one public way a model_fn builds its train op.
+
+The optimizer, learning-rate schedule and update ops come from params, so every
+strategy (including `tower`, which must see each tower's loss rather than a
+finished train op) can take over how the step is applied.
+"""
+import math
+
+import tensorflow as tf
+
+from estimator_dist.errors import UserError
+
+OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop")
+LR_SCHEDULES = ("constant", "cosine", "step")
+
+# Strategies that apply gradients themselves (towers, accumulation) push a handler
+# here; minimize() then hands the loss over instead of building the update.
+_HANDLERS = []
+
+
+class minimize_handler:  # noqa: N801 - used as a context manager, reads like a function
+    """Context manager: route minimize() calls to `handler(loss, params, update_ops)`."""
+
+    def __init__(self, handler):
+        self._handler = handler
+
+    def __enter__(self):
+        _HANDLERS.append(self._handler)
+        return self._handler
+
+    def __exit__(self, *exc):
+        _HANDLERS.pop()
+        return False
+
+
+def learning_rate(params, global_step=None):
+    """The learning-rate tensor for this step from params."""
+    base = float(params.get("learning_rate", 0.1)) * float(params.get("lr_scale", 1.0))
+    schedule = params.get("lr_schedule", "constant")
+    if schedule not in LR_SCHEDULES:
+        raise UserError(f"lr_schedule '{schedule}' is not one of {', '.join(LR_SCHEDULES)}; "
+                        f"fix it with --set lr_schedule=constant")
+    if schedule == "constant":
+        return tf.constant(base, tf.float32)
+    step = global_step if global_step is not None else tf.compat.v1.train.get_or_create_global_step()
+    total = max(int(params.get("train_steps") or 1), 1)
+    if schedule == "cosine":
+        return tf.compat.v1.train.cosine_decay(base, step, total)
+    bounds = [int(math.ceil(total * 0.5)), int(math.ceil(total * 0.75))]
+    return tf.compat.v1.train.piecewise_constant(
+        step, bounds, [base, base * 0.1, base * 0.01])
+
+
+def make_optimizer(params, lr=None):
+    """A tf.compat.v1.train optimizer from params["optimizer"].
+
+    Keras optimizers are deliberately not offered: in graph mode the new ones never
+    update weights and neither steps global_step (see README, "model_fn contract").
+    """
+    name = params.get("optimizer", "sgd")
+    lr = learning_rate(params) if lr is None else lr
+    if name == "sgd":
+        return tf.compat.v1.train.GradientDescentOptimizer(lr)
+    if name == "momentum":
+        return tf.compat.v1.train.MomentumOptimizer(lr, float(params.get("momentum", 0.9)))
+    if name == "adam":
+        return tf.compat.v1.train.AdamOptimizer(lr)
+    if name == "rmsprop":
+        return tf.compat.v1.train.RMSPropOptimizer(lr)
+    raise UserError(f"optimizer '{name}' is not one of {', '.join(OPTIMIZERS)}; "
+                    f"fix it with --set optimizer=sgd")
+
+
+def collect_update_ops(update_ops=None):
+    """UPDATE_OPS (tf.compat.v1.layers batch norm) plus explicitly given Keras updates.
+
+    Keras layers called inside a model_fn leave UPDATE_OPS empty; pass
+    `model.updates` (or `layer.updates`) as `update_ops` or their moving
+    statistics never change.
+    """
+    ops = list(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
+    for op in update_ops or []:
+        if op not in ops:
+            ops.append(op)
+    return ops
+
+
+def minimize(loss, params, update_ops=None, var_list=None):
+    """Build the train op for `loss` from params; call it from a model_fn in TRAIN mode.
+
+    Args:
+      loss: scalar loss tensor (mean over this replica's / tower's batch).
+      params: the params dict Estimator passed to the model_fn.
+      update_ops: extra ops to run each step, e.g. `model.updates` of Keras layers.
+      var_list: variables to train (default: all trainable).
+    Returns:
+      The train op; it steps the global step.
+    """
+    if _HANDLERS:
+        return _HANDLERS[-1](loss, params, update_ops)
+    optimizer = make_optimizer(params)
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    with tf.control_dependencies(collect_update_ops(update_ops)):
+        return optimizer.minimize(loss, global_step=global_step, var_list=var_list)

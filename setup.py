@@ -1,0 +1,27 @@
+"""estimator-dist: Estimator-based data-parallel training for TensorFlow 2.15 (tf.compat.v1 surface)."""
+from setuptools import find_packages, setup
+
+# The runtime pins are the platform decision: 2.15 is the last TensorFlow with
+# tf.estimator. GPU users install `tensorflow[and-cuda]==2.15.1` instead of
+# tensorflow-cpu (see README, "GPU machines").
+INSTALL_REQUIRES = [
+    "tensorflow-cpu==2.15.1",
+    "tensorflow-estimator==2.15.0",
+    "keras==2.15.0",
+    "numpy>=1.23,<2",
+    "protobuf>=3.20,<5",
+    "pandas>=2.0,<3",
+    "PyYAML>=6.0",
+    "scikit-learn>=1.3,<1.6",
+]
+
+setup(
+    name="estimator-dist",
+    version="0.1.0",
+    description="Estimator-based distributed training service for TensorFlow",
+    python_requires=">=3.9,<3.12",
+    packages=find_packages(include=["estimator_dist*", "model_fns*", "input_fns*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": ["pytest>=7", "pytest-timeout>=2.1"]},
+    entry_points={"console_scripts": ["estimator-dist=estimator_dist.cli:main"]},
+)

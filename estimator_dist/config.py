@@ -195,6 +195,7 @@ def build_config(model: str, file_data: Mapping[str, Any], flags: Mapping[str, A
                  run_defaults: Mapping[str, Any], hparam_defaults: Mapping[str, Any],
                  overrides: Tuple[str, ...] = (), imports: Tuple[str, ...] = ()) -> Config:
     """Combine every source into one frozen Config (see module docstring for order)."""
+    check_top_level(file_data)
     sections = {name: dataclasses.asdict(cls()) for name, cls in SECTIONS.items()}
     section_of = flag_names()
     for key, value in run_defaults.items():

@@ -1,8 +1,12 @@
 """Session hooks: concise progress lines and global examples/sec."""
-import sys
+import statistics
 import time
 
 import tensorflow as tf
+
+# Steps whose duration exceeds this many times the median contain a checkpoint
+# save and the evaluation it triggers; they are not training throughput.
+OUTLIER_FACTOR = 10.0
 
 
 def find_reported_loss(graph):
@@ -13,50 +17,61 @@ def find_reported_loss(graph):
     return None
 
 
-class ProgressHook(tf.compat.v1.train.SessionRunHook):
-    """Every `every_n` steps: step, loss, GLOBAL examples/sec; keeps the steady-state rate.
+def steady_rate(durations, batch: int, warmup: int):
+    """GLOBAL examples/sec over the steps after warm-up, without checkpoint/eval outliers."""
+    steady = durations[warmup:] or durations
+    if not steady:
+        return None
+    limit = statistics.median(steady) * OUTLIER_FACTOR
+    kept = [d for d in steady if d <= limit]
+    return len(kept) * batch / max(sum(kept), 1e-9)
 
-    examples/sec counts every replica's examples (global batch x steps / time) and
-    ignores the first interval, which includes graph start-up.
+
+class ProgressHook(tf.compat.v1.train.SessionRunHook):
+    """Every `every_n` steps a line with step, loss and GLOBAL examples/sec.
+
+    examples/sec counts every replica's examples (global batch per step), the
+    number users want; `examples_per_sec` is the steady-state figure for the run.
     """
 
-    def __init__(self, global_batch: int, max_steps: int, every_n: int = 100, out=None):
+    def __init__(self, global_batch: int, max_steps: int, every_n: int = 100, emit=print):
         self._batch = global_batch
         self._max_steps = max_steps
         self._every_n = max(1, every_n)
-        self._out = out or sys.stdout
-        self.examples_per_sec = None
-        self.last_loss = None
-        self._rates = []
+        self._emit = emit
+        self.durations = []
+        self.losses = []
+
+    @property
+    def examples_per_sec(self):
+        return steady_rate(self.durations, self._batch, warmup=min(10, len(self.durations) // 10))
 
     def begin(self):
         graph = tf.compat.v1.get_default_graph()
         self._global_step = tf.compat.v1.train.get_global_step()
         self._loss = find_reported_loss(graph)
-        self._last_step = None
-        self._last_time = None
+        self._started = None
+        self._window = []
 
     def before_run(self, run_context):
+        self._started = time.perf_counter()
         fetches = {"step": self._global_step}
         if self._loss is not None:
             fetches["loss"] = self._loss
         return tf.compat.v1.train.SessionRunArgs(fetches)
 
     def after_run(self, run_context, run_values):
+        duration = time.perf_counter() - self._started
+        self.durations.append(duration)
+        self._window.append(duration)
         step = int(run_values.results["step"]) + 1
-        now = time.perf_counter()
-        if self._last_step is None:
-            self._last_step, self._last_time = step, now
-            return
         if step % self._every_n and step < self._max_steps:
             return
-        rate = (step - self._last_step) * self._batch / max(now - self._last_time, 1e-9)
-        self._rates.append((step - self._last_step, now - self._last_time))
-        steps, secs = map(sum, zip(*self._rates))
-        self.examples_per_sec = steps * self._batch / max(secs, 1e-9)
         loss = run_values.results.get("loss")
-        self.last_loss = float(loss) if loss is not None else None
-        loss_text = f"  loss {self.last_loss:.4f}" if loss is not None else ""
-        print(f"step {step}/{self._max_steps}{loss_text}  {rate:,.0f} examples/sec",
-              file=self._out, flush=True)
-        self._last_step, self._last_time = step, now
+        text = f"step {step}/{self._max_steps}"
+        if loss is not None:
+            self.losses.append((step, float(loss)))
+            text += f"  loss {float(loss):.4f}"
+        rate = steady_rate(self._window, self._batch, warmup=0)
+        self._emit(f"{text}  {rate:,.0f} examples/sec")
+        self._window = []

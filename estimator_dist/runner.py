@@ -58,18 +58,12 @@ class Plan:
     def params(self) -> Dict[str, Any]:
         """What the model_fn and input_fn receive as `params`."""
         c = self.config
+        # What the input's prepare() resolved (e.g. the real data_dir) wins.
         return {
-            **c.hparams,
+            **input_params(c, self.per_replica_batch),
             **{k: v for k, v in self.input_meta.items() if k != "serving_features"},
-            "batch_size": self.per_replica_batch,
             "global_batch_size": self.global_batch,
             "num_replicas": self.replicas,
-            "train_steps": c.train.train_steps,
-            "data_dir": c.data.data_dir,
-            "data_path": c.data.data_path,
-            "label_column": c.data.label_column,
-            "synthetic": c.data.synthetic,
-            "seed": c.train.seed if c.train.seed >= 0 else None,
         }
 
 
@@ -111,6 +105,11 @@ def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None)
                 model_dir=default_model_dir(config))
 
 
+def log_every(train_steps: int) -> int:
+    """Steps between progress lines and loss summaries: ~10 per run, at most every 100."""
+    return max(1, min(100, train_steps // 10))
+
+
 def build_run_config(p: Plan, strategy) -> tf.estimator.RunConfig:
     t = p.config.train
     return tf.estimator.RunConfig(
@@ -120,6 +119,7 @@ def build_run_config(p: Plan, strategy) -> tf.estimator.RunConfig:
         save_checkpoints_secs=None,
         keep_checkpoint_max=t.keep_checkpoint_max,
         log_step_count_steps=None,
+        save_summary_steps=log_every(t.train_steps),
         session_config=p.devices.session_config(),
         train_distribute=strategy,
         eval_distribute=strategy,
@@ -205,7 +205,7 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
     strategy = strategies.make(config.distribute.strategy, p.devices)
     estimator = build_estimator(p, build_run_config(p, strategy))
     progress = ProgressHook(p.global_batch, config.train.train_steps,
-                            every_n=max(1, min(100, config.train.train_steps // 10)))
+                            every_n=log_every(config.train.train_steps), emit=out)
     train_spec, eval_spec = build_specs(p, progress)
     started = time.perf_counter()
     result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)

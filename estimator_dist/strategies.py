@@ -80,4 +80,10 @@ def make(name: str, devices: Devices):
     """The strategy object for `name` over `devices` (None for none)."""
     check_name(name)
     check_devices(name, devices)
+    if devices.kind == "CPU" and devices.count > 1:
+        # The eager context knows one CPU; Mirrored creates a token variable per
+        # device in it. After an in-process SavedModel export that creation fails
+        # unless soft placement is (re)asserted; Estimator's graphs still get N CPUs
+        # from the session config.
+        tf.config.set_soft_device_placement(True)
     return _BUILDERS[name](devices)

@@ -1,2 +1,3 @@
 """Built-in input functions. Imports here force registration."""
 from input_fns import digits  # noqa: F401
+from input_fns import cifar  # noqa: F401

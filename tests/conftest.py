@@ -1,0 +1,39 @@
+"""Shared test setup: quiet TensorFlow, register built-ins, small training helpers."""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import pytest  # noqa: E402
+
+from estimator_dist import quiet  # noqa: E402
+
+quiet.configure(verbose=False)
+
+from estimator_dist import config as config_lib  # noqa: E402
+from estimator_dist import runner  # noqa: E402
+from estimator_dist.registry import MODELS  # noqa: E402
+
+runner.load_builtins()
+
+
+def make_config(model="digits", overrides=(), **flags):
+    """A Config as the CLI would build it from flags (None = not given)."""
+    entry = MODELS.get(model)
+    return config_lib.build_config(model, {}, flags, entry.run_defaults, entry.hparams,
+                                   tuple(overrides))
+
+
+def quick_train(model_dir, steps=40, strategy="none", num_devices=1, **flags):
+    """Train digits briefly and quietly; returns the run summary."""
+    flags = {"train_steps": steps, "strategy": strategy, "num_devices": num_devices,
+             "model_dir": str(model_dir), "batch_size": 32, "export": "final", "seed": 1,
+             "save_checkpoints_steps": steps, **flags}
+    return runner.train(make_config(**flags), out=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def trained_digits(tmp_path_factory):
+    """One short single-device digits run shared by export/predict tests."""
+    model_dir = tmp_path_factory.mktemp("digits_none")
+    summary = quick_train(model_dir, steps=60)
+    return model_dir, summary

@@ -1,0 +1,61 @@
+"""Strategy factory and device resolution."""
+import pytest
+import tensorflow as tf
+
+from estimator_dist import devices as devices_lib
+from estimator_dist import strategies
+from estimator_dist.errors import UserError
+
+CPU2 = devices_lib.Devices(("/cpu:0", "/cpu:1"), "CPU")
+CPU1 = devices_lib.Devices(("/cpu:0",), "CPU")
+
+
+def test_names():
+    assert strategies.names() == ["central_storage", "mirrored", "none", "one_device"]
+
+
+def test_unknown_strategy_lists_valid():
+    with pytest.raises(UserError) as e:
+        strategies.make("mirored", CPU2)
+    assert str(e.value) == ("--strategy mirored: unknown; choose one of central_storage, "
+                            "mirrored, none, one_device; did you mean 'mirrored'?")
+
+
+def test_factory_builds_real_strategies():
+    assert strategies.make("none", CPU1) is None
+    assert isinstance(strategies.make("one_device", CPU1), tf.distribute.OneDeviceStrategy)
+    mirrored = strategies.make("mirrored", CPU2)
+    assert isinstance(mirrored, tf.distribute.MirroredStrategy)
+    assert mirrored.num_replicas_in_sync == 2
+    central = strategies.make("central_storage", CPU2)
+    assert central.num_replicas_in_sync == 2
+
+
+def test_single_device_strategies_refuse_many():
+    with pytest.raises(UserError, match="--strategy none runs on one device, got --num_devices 2"):
+        strategies.make("none", CPU2)
+
+
+def test_per_replica_batch():
+    assert strategies.per_replica_batch("mirrored", 64, CPU2) == 32
+    assert strategies.per_replica_batch("none", 63, CPU1) == 63
+    with pytest.raises(UserError) as e:
+        strategies.per_replica_batch("mirrored", 63, CPU2)
+    assert str(e.value) == ("--batch_size 63 is not divisible by the 2 replicas of --strategy "
+                            "mirrored; use a multiple of 2 (e.g. 64)")
+
+
+def test_devices_resolve_cpu_and_gpu():
+    assert devices_lib.resolve(0, gpus=0).names == ("/cpu:0",)
+    assert devices_lib.resolve(3, gpus=0).names == ("/cpu:0", "/cpu:1", "/cpu:2")
+    assert devices_lib.resolve(0, gpus=4).names == ("/gpu:0", "/gpu:1", "/gpu:2", "/gpu:3")
+    assert devices_lib.resolve(2, gpus=4).kind == "GPU"
+    with pytest.raises(UserError, match=r"--num_devices 5: this machine has 4 GPU\(s\)"):
+        devices_lib.resolve(5, gpus=4)
+    with pytest.raises(UserError, match="has no GPU and allows at most"):
+        devices_lib.resolve(devices_lib.MAX_LOGICAL_CPUS + 1, gpus=0)
+
+
+def test_session_config_declares_cpu_count():
+    config = CPU2.session_config()
+    assert config.device_count["CPU"] == 2 and config.allow_soft_placement

@@ -13,13 +13,14 @@ ARGS ?=
 INPUT ?=
 OUTPUT ?= $(MODEL_DIR)/predictions.csv
 TESTARGS ?=
+GPU ?=
 
 .PHONY: venv train test export predict list clean distclean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	ESTIMATOR_DIST_GPU=$(GPU) $(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -1,11 +1,15 @@
 """estimator-dist: Estimator-based data-parallel training for TensorFlow 2.15 (tf.compat.v1 surface)."""
+import os
+
 from setuptools import find_packages, setup
 
 # The runtime pins are the platform decision: 2.15 is the last TensorFlow with
-# tf.estimator. GPU users install `tensorflow[and-cuda]==2.15.1` instead of
-# tensorflow-cpu (see README, "GPU machines").
+# tf.estimator. ESTIMATOR_DIST_GPU=1 (make GPU=1) installs the CUDA build instead
+# of the small CPU wheel.
+TENSORFLOW = ("tensorflow[and-cuda]==2.15.1" if os.environ.get("ESTIMATOR_DIST_GPU")
+              else "tensorflow-cpu==2.15.1")
 INSTALL_REQUIRES = [
-    "tensorflow-cpu==2.15.1",
+    TENSORFLOW,
     "tensorflow-estimator==2.15.0",
     "keras==2.15.0",
     "numpy>=1.23,<2",

@@ -1,3 +1,4 @@
 """Built-in input functions. Imports here force registration."""
 from input_fns import digits  # noqa: F401
 from input_fns import cifar  # noqa: F401
+from input_fns import tabular  # noqa: F401

@@ -1,0 +1,156 @@
+"""TF_CONFIG: the one place it is read, checked and normalised before TensorFlow sees it.
+
+Accepted roles: chief (or its old name "master"), worker, ps, evaluator. The
+evaluator is not a training task: it is removed from the cluster that training
+tasks hand to TensorFlow (MultiWorkerMirroredStrategy would otherwise count it),
+and the evaluator itself runs without a strategy. Kubeflow's TFJob operator puts
+every replica type, the evaluator included, into `cluster`; both forms work.
+"""
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional
+
+from estimator_dist.errors import UserError
+
+TF_CONFIG = "TF_CONFIG"
+ROLES = ("chief", "worker", "ps", "evaluator")
+CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+NOTE = " (TF_CONFIG environment variable)"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A validated TF_CONFIG."""
+
+    cluster: Mapping[str, List[str]]
+    task_type: str
+    task_index: int
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def num_workers(self) -> int:
+        """Training tasks: the chief plus the workers."""
+        return len(self.cluster.get("chief", ())) + len(self.cluster.get("worker", ()))
+
+    @property
+    def num_ps(self) -> int:
+        return len(self.cluster.get("ps", ()))
+
+    @property
+    def is_chief(self) -> bool:
+        return self.task_type == "chief"
+
+    @property
+    def is_evaluator(self) -> bool:
+        return self.task_type == "evaluator"
+
+    @property
+    def has_evaluator(self) -> bool:
+        return bool(self.cluster.get("evaluator"))
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.num_workers > 1 or self.num_ps > 0
+
+    def for_tensorflow(self) -> Dict[str, object]:
+        """The TF_CONFIG TensorFlow should see for this task."""
+        cluster = {k: list(v) for k, v in self.cluster.items() if k != "evaluator"}
+        return {**self.extra, "cluster": cluster,
+                "task": {"type": self.task_type, "index": self.task_index}}
+
+
+def _fail(field_name, value, allowed):
+    raise UserError(f"TF_CONFIG {field_name} {value!r}: {allowed}{NOTE}")
+
+
+def _addresses(cluster) -> Dict[str, List[str]]:
+    if not isinstance(cluster, dict) or not cluster:
+        _fail("'cluster'", cluster, "must be a non-empty mapping of task type -> list of host:port")
+    out = {}
+    for task_type, addresses in cluster.items():
+        name = "chief" if task_type == "master" else task_type
+        if name not in ROLES:
+            _fail("cluster key", task_type, f"is not a task type; allowed: {', '.join(ROLES)} "
+                                            f"(or 'master' for chief)")
+        if name in out:
+            _fail("cluster", cluster, "has both 'chief' and 'master'; give one chief")
+        if isinstance(addresses, dict):  # TF accepts sparse {index: address}
+            addresses = [addresses[k] for k in sorted(addresses, key=int)]
+        if not isinstance(addresses, list) or not all(isinstance(a, str) and ":" in a for a in addresses):
+            _fail(f"cluster['{task_type}']", addresses, "must be a list of 'host:port' strings")
+        out[name] = list(addresses)
+    return out
+
+
+def parse(text: str) -> ClusterSpec:
+    """Parse and check a TF_CONFIG JSON string; raise UserError naming the field."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"TF_CONFIG is not valid JSON ({e.msg} at line {e.lineno} column "
+                        f"{e.colno}){NOTE}") from None
+    if not isinstance(data, dict):
+        _fail("", data, "must be a JSON object with 'cluster' and 'task'")
+    cluster = _addresses(data.get("cluster"))
+    task = data.get("task")
+    if not isinstance(task, dict) or "type" not in task:
+        _fail("'task'", task, "must be an object with 'type' and 'index', e.g. "
+                              "{\"type\": \"worker\", \"index\": 0}")
+    task_type = "chief" if task["type"] == "master" else task["type"]
+    if task_type not in ROLES:
+        _fail("task type", task["type"], f"is not one of {', '.join(ROLES)} (or 'master')")
+    index = task.get("index", 0)
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        _fail("task index", index, "must be a whole number >= 0")
+    chiefs = len(cluster.get("chief", ()))
+    if chiefs != 1:
+        _fail("cluster chief count", chiefs, "must be exactly 1 (a 'chief' or 'master' list with "
+                                             "one address)")
+    if task_type == "evaluator" and index != 0:
+        _fail("evaluator index", index, "must be 0: there is one evaluator")
+    if len(cluster.get("evaluator", ())) > 1:
+        _fail("cluster evaluator count", len(cluster["evaluator"]), "must be at most 1")
+    in_cluster = len(cluster.get(task_type, ()))
+    if task_type != "evaluator" and index >= in_cluster:
+        _fail(f"task index {index} for type", task_type,
+              f"is out of range: the cluster has {in_cluster} {task_type} task(s)")
+    extra = {k: v for k, v in data.items() if k not in ("cluster", "task")}
+    return ClusterSpec(cluster=cluster, task_type=task_type, task_index=index, extra=extra)
+
+
+def check_strategy(spec: ClusterSpec, strategy: str):
+    """A strategy must fit the cluster: say which one does when it does not."""
+    if strategy == "parameter_server" and not spec.num_ps:
+        raise UserError(f"--strategy parameter_server needs ps tasks, but TF_CONFIG's cluster has "
+                        f"none; add \"ps\": [\"host:port\"] or use --strategy multi_worker_mirrored")
+    if strategy == "multi_worker_mirrored" and spec.num_ps:
+        raise UserError(f"--strategy multi_worker_mirrored takes no ps tasks, but TF_CONFIG's "
+                        f"cluster has {spec.num_ps}; use --strategy parameter_server or drop them")
+    if strategy not in CLUSTER_STRATEGIES + ("none",) and spec.is_distributed:
+        raise UserError(f"--strategy {strategy} runs on one machine, but TF_CONFIG describes a "
+                        f"cluster of {spec.num_workers} worker(s) and {spec.num_ps} ps; use "
+                        f"{', '.join(CLUSTER_STRATEGIES)} (or none with ps tasks for async "
+                        f"between-graph training)")
+    if strategy == "none" and spec.num_workers > 1 and not spec.num_ps:
+        raise UserError(f"--strategy none in a cluster of {spec.num_workers} workers and no ps would train "
+                        f"them independently; use --strategy multi_worker_mirrored, "
+                        f"parameter_server, or add ps tasks for async training")
+
+
+def from_env(strategy: str, environ=os.environ) -> Optional[ClusterSpec]:
+    """The validated TF_CONFIG of this process, or None when it is unset or empty."""
+    text = environ.get(TF_CONFIG, "").strip()
+    if not text:
+        if strategy in CLUSTER_STRATEGIES:
+            raise UserError(f"--strategy {strategy} needs TF_CONFIG describing the cluster; start "
+                            f"the tasks with 'estimator-dist cluster' (or a TFJob) or set it")
+        return None
+    spec = parse(text)
+    check_strategy(spec, strategy)
+    return spec
+
+
+def apply(spec: ClusterSpec, environ=os.environ):
+    """Hand TensorFlow the normalised TF_CONFIG (chief for master, no evaluator)."""
+    environ[TF_CONFIG] = json.dumps(spec.for_tensorflow())

@@ -1,0 +1,70 @@
+"""TF_CONFIG validation: every malformed case is one line naming the field and value."""
+import json
+
+import pytest
+
+from estimator_dist import cluster
+from estimator_dist.errors import UserError
+
+CL = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
+
+
+def tf_config(cluster_spec=CL, task_type="worker", index=0, **extra):
+    return json.dumps({"cluster": cluster_spec, "task": {"type": task_type, "index": index}, **extra})
+
+
+def error(text, strategy="parameter_server"):
+    with pytest.raises(UserError) as e:
+        cluster.from_env(strategy, {"TF_CONFIG": text})
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("{not json", "TF_CONFIG is not valid JSON (Expecting property name enclosed in double quotes at line 1 column 2)"),
+    ("[1, 2]", "TF_CONFIG  [1, 2]: must be a JSON object with 'cluster' and 'task'"),
+    (json.dumps({"cluster": CL}), "TF_CONFIG 'task' None: must be an object with 'type' and 'index'"),
+    (tf_config(task_type="boss"), "TF_CONFIG task type 'boss': is not one of chief, worker, ps, evaluator (or 'master')"),
+    (tf_config(index=3), "TF_CONFIG task index 3 for type 'worker': is out of range: the cluster has 1 worker task(s)"),
+    (tf_config(index=-1), "TF_CONFIG task index -1: must be a whole number >= 0"),
+    (tf_config({"worker": ["h:1"], "ps": ["h:2"]}), "TF_CONFIG cluster chief count 0: must be exactly 1"),
+    (tf_config({"chief": ["h:1", "h:2"], "ps": ["h:3"]}, "chief"), "TF_CONFIG cluster chief count 2: must be exactly 1"),
+    (tf_config({"chief": ["h:1"], "master": ["h:2"]}, "chief"), "TF_CONFIG cluster"),
+    (tf_config({**CL, "evaluator": ["h:9"]}, "evaluator", 1), "TF_CONFIG evaluator index 1: must be 0"),
+    (tf_config({**CL, "gpu": ["h:9"]}), "TF_CONFIG cluster key 'gpu': is not a task type"),
+    (tf_config({"chief": "h:1", "ps": ["h:2"]}, "chief"), "TF_CONFIG cluster['chief'] 'h:1': must be a list of 'host:port' strings"),
+])
+def test_malformed(text, expected):
+    assert error(text).startswith(expected)
+
+
+def test_strategy_must_fit_cluster():
+    no_ps = {"chief": ["h:1"], "worker": ["h:2"]}
+    assert "--strategy parameter_server needs ps tasks" in error(tf_config(no_ps), "parameter_server")
+    assert "--strategy multi_worker_mirrored takes no ps tasks" in error(tf_config(), "multi_worker_mirrored")
+    assert "--strategy mirrored runs on one machine" in error(tf_config(), "mirrored")
+    assert "would train them independently" in error(tf_config(no_ps), "none")
+    with pytest.raises(UserError, match="needs TF_CONFIG describing the cluster"):
+        cluster.from_env("multi_worker_mirrored", {})
+
+
+def test_master_is_chief_and_evaluator_leaves_cluster():
+    text = tf_config({"master": ["h:1"], "worker": ["h:2"], "evaluator": ["h:3"]}, "master",
+                     environment="cloud")
+    spec = cluster.from_env("multi_worker_mirrored", {"TF_CONFIG": text})
+    assert spec.is_chief and spec.num_workers == 2 and spec.has_evaluator
+    env = {}
+    cluster.apply(spec, env)
+    assert json.loads(env["TF_CONFIG"]) == {
+        "environment": "cloud", "cluster": {"chief": ["h:1"], "worker": ["h:2"]},
+        "task": {"type": "chief", "index": 0}}
+
+
+def test_unset_is_local_and_valid_configs_pass():
+    assert cluster.from_env("mirrored", {}) is None
+    assert cluster.from_env("none", {"TF_CONFIG": "  "}) is None
+    spec = cluster.from_env("none", {"TF_CONFIG": tf_config()})  # async PS
+    assert spec.num_ps == 1 and spec.is_distributed and not spec.is_chief
+    evaluator = cluster.from_env("parameter_server", {"TF_CONFIG": tf_config(task_type="evaluator")})
+    assert evaluator.is_evaluator

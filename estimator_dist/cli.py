@@ -11,11 +11,20 @@ TRAIN_FLAGS = {
     "data_path": (str, "a data file, e.g. the CSV for --model tabular"),
     "label_column": (str, "the label column of --data_path"),
     "synthetic": (bool, "use generated in-memory data of the right shapes"),
-    "strategy": (str, "none | one_device | mirrored | central_storage (default none)"),
+    "strategy": (str, "none | one_device | mirrored | central_storage | tower (default none); "
+                      "tower: one model replica per device over one set of variables, any "
+                      "batch size"),
     "num_devices": (int, "devices to use: 0 = auto (all GPUs, else 1 CPU); on a CPU-only "
                          "machine N logical CPU devices"),
-    "batch_size": (int, "GLOBAL batch per step; each of R replicas gets batch_size / R"),
-    "train_steps": (int, "global step to train to"),
+    "variable_device": (str, "tower only: where the one set of variables lives, cpu | device0 "
+                             "(default cpu)"),
+    "accumulate_steps": (int, "K: apply one update every K batches, equal to one step on a K "
+                              "times larger batch (none, one_device, mirrored, tower; default 1). "
+                              "The global step counts updates: --train_steps N reads N x K "
+                              "batches; LR schedules and checkpoints are in updates"),
+    "batch_size": (int, "GLOBAL batch per step (per micro-batch with --accumulate_steps); each "
+                        "of R replicas gets batch_size / R; tower splits any size over its towers"),
+    "train_steps": (int, "global step to train to (optimizer updates)"),
     "eval_steps": (int, "batches per evaluation (0 = the whole eval set)"),
     "eval_every": (int, "steps between evaluations (sets the checkpoint interval)"),
     "save_checkpoints_steps": (int, "steps between checkpoints (default 500 or the model's)"),

@@ -16,6 +16,7 @@ from estimator_dist.errors import UserError
 
 CONFIG_FILE = "config.yaml"
 EXPORT_MODES = ("latest", "best", "final", "none")
+VARIABLE_DEVICES = ("cpu", "device0")
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,12 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DistributeConfig:
-    """Which strategy and how many devices."""
+    """Which strategy, how many devices, where tower variables live, micro-batches per update."""
 
     strategy: str = "none"
     num_devices: int = 0
+    variable_device: str = "cpu"
+    accumulate_steps: int = 1
 
 
 SECTIONS = {"data": DataConfig, "train": TrainConfig, "distribute": DistributeConfig}
@@ -240,8 +243,15 @@ def validate(config: Config):
         raise UserError(
             f"--eval_every {t.eval_every} and --save_checkpoints_steps {t.save_checkpoints_steps} "
             f"differ; Estimator evaluates after every checkpoint, so give one of them")
-    if config.distribute.num_devices < 0:
-        raise UserError(f"--num_devices {config.distribute.num_devices}: must be >= 0 (0 = auto)")
+    d = config.distribute
+    if d.num_devices < 0:
+        raise UserError(f"--num_devices {d.num_devices}: must be >= 0 (0 = auto)")
+    if d.variable_device not in VARIABLE_DEVICES:
+        raise UserError(f"--variable_device {d.variable_device}: must be "
+                        f"{' or '.join(VARIABLE_DEVICES)}")
+    if d.accumulate_steps < 1:
+        raise UserError(f"--accumulate_steps {d.accumulate_steps}: must be >= 1 "
+                        f"(1 = apply every batch)")
 
 
 def checkpoint_every(config: Config) -> int:

@@ -30,15 +30,19 @@ def steady_rate(durations, batch: int, warmup: int):
 class ProgressHook(tf.compat.v1.train.SessionRunHook):
     """Every `every_n` steps a line with step, loss and GLOBAL examples/sec.
 
-    examples/sec counts every replica's examples (global batch per step), the
+    examples/sec counts every replica's examples (global batch per run), the
     number users want; `examples_per_sec` is the steady-state figure for the run.
+    With gradient accumulation a step (update) takes `runs_per_step` session
+    runs; only the last of them moves the global step and may print.
     """
 
-    def __init__(self, global_batch: int, max_steps: int, every_n: int = 100, emit=print):
+    def __init__(self, global_batch: int, max_steps: int, every_n: int = 100, emit=print,
+                 runs_per_step: int = 1):
         self._batch = global_batch
         self._max_steps = max_steps
         self._every_n = max(1, every_n)
         self._emit = emit
+        self._runs_per_step = max(1, runs_per_step)
         self.durations = []
         self.losses = []
 
@@ -52,6 +56,10 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         self._loss = find_reported_loss(graph)
         self._started = None
         self._window = []
+        self._runs = 0
+
+    def after_create_session(self, session, coord):
+        self._runs = 0  # accumulation restarts with the session (see accumulate.py)
 
     def before_run(self, run_context):
         self._started = time.perf_counter()
@@ -64,7 +72,15 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         duration = time.perf_counter() - self._started
         self.durations.append(duration)
         self._window.append(duration)
-        step = int(run_values.results["step"]) + 1
+        self._runs += 1
+        if self._runs % self._runs_per_step:
+            return
+        if self._runs_per_step > 1:
+            # The accumulated update ran in this run, unordered with the step fetched
+            # above (which may show it or not): read the step it left.
+            step = int(run_context.session.run(self._global_step))
+        else:
+            step = int(run_values.results["step"]) + 1
         if step % self._every_n and step < self._max_steps:
             return
         loss = run_values.results.get("loss")

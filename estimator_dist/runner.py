@@ -17,6 +17,7 @@ from estimator_dist import config as config_lib
 from estimator_dist import devices as devices_lib
 from estimator_dist import export as export_lib
 from estimator_dist import strategies
+from estimator_dist import towers
 from estimator_dist.errors import UserError
 from estimator_dist.hooks import ProgressHook
 from estimator_dist.registry import INPUTS, MODELS, Entry
@@ -95,6 +96,7 @@ def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None)
     strategies.check_name(config.distribute.strategy)
     devices = devices_lib.resolve(config.distribute.num_devices)
     strategies.check_devices(config.distribute.strategy, devices)
+    strategies.check_accumulate(config.distribute.strategy, config.distribute.accumulate_steps)
     per_replica = strategies.per_replica_batch(
         config.distribute.strategy, config.train.batch_size, devices)
     if input_meta is None:
@@ -126,8 +128,21 @@ def build_run_config(p: Plan, strategy) -> tf.estimator.RunConfig:
     )
 
 
+def build_model_fn(p: Plan):
+    """The registered model_fn, wrapped into towers and/or gradient accumulation if asked."""
+    d = p.config.distribute
+    if d.strategy != "tower" and d.accumulate_steps == 1:
+        return p.model.fn
+    tower_devices = p.devices.names if d.strategy == "tower" else ()
+    return towers.tower_model_fn(
+        p.model.fn, p.model.name, devices=tower_devices,
+        variable_device=strategies.variable_device(d.strategy, d.variable_device, p.devices),
+        accumulate_steps=d.accumulate_steps)
+
+
 def build_estimator(p: Plan, run_config) -> tf.estimator.Estimator:
-    return tf.estimator.Estimator(model_fn=p.model.fn, config=run_config, params=p.params())
+    return tf.estimator.Estimator(model_fn=build_model_fn(p), config=run_config,
+                                  params=p.params())
 
 
 def make_input_fn(p: Plan, mode):
@@ -165,9 +180,21 @@ def checkpoint_step(model_dir: str) -> Optional[int]:
 
 def describe(p: Plan) -> str:
     c = p.config
-    return (f"model {c.model} | input {p.input.name} | strategy {c.distribute.strategy} on "
-            f"{p.devices.count} {p.devices.kind}(s) | global batch {p.global_batch} = "
-            f"{p.per_replica_batch} x {p.replicas} replica(s) | model_dir {p.model_dir}")
+    d = c.distribute
+    if d.strategy == "tower":
+        big, small = -(-p.global_batch // p.replicas), p.global_batch // p.replicas
+        split = f"{big}" if big == small else f"{big} or {small}"
+        batch = (f"global batch {p.global_batch} split into {p.replicas} tower(s) of {split}, "
+                 f"variables on "
+                 f"{strategies.variable_device(d.strategy, d.variable_device, p.devices)}")
+    else:
+        batch = (f"global batch {p.global_batch} = {p.per_replica_batch} x {p.replicas} "
+                 f"replica(s)")
+    if d.accumulate_steps > 1:
+        batch += (f", {d.accumulate_steps} batches per update "
+                  f"({p.global_batch * d.accumulate_steps} examples)")
+    return (f"model {c.model} | input {p.input.name} | strategy {d.strategy} on "
+            f"{p.devices.count} {p.devices.kind}(s) | {batch} | model_dir {p.model_dir}")
 
 
 def save_run_files(p: Plan):
@@ -205,7 +232,8 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
     strategy = strategies.make(config.distribute.strategy, p.devices)
     estimator = build_estimator(p, build_run_config(p, strategy))
     progress = ProgressHook(p.global_batch, config.train.train_steps,
-                            every_n=log_every(config.train.train_steps), emit=out)
+                            every_n=log_every(config.train.train_steps), emit=out,
+                            runs_per_step=config.distribute.accumulate_steps)
     train_spec, eval_spec = build_specs(p, progress)
     started = time.perf_counter()
     result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
@@ -215,6 +243,7 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
         "strategy": config.distribute.strategy,
         "num_devices": p.devices.count,
         "global_batch_size": p.global_batch,
+        "accumulate_steps": config.distribute.accumulate_steps,
         "global_step": checkpoint_step(p.model_dir),
         "start_step": start_step or 0,
         "metrics": metrics,

@@ -24,6 +24,12 @@ def _mirrored(devices: Devices):
     return tf.distribute.MirroredStrategy(devices=list(devices.names))
 
 
+def _tower(devices: Devices):
+    # No tf.distribute strategy: towers.py replicates the model_fn itself, and the
+    # session config declares the devices.
+    return None
+
+
 def _central_storage(devices: Devices):
     return tf.distribute.experimental.CentralStorageStrategy(
         compute_devices=list(devices.names), parameter_device="/cpu:0")
@@ -34,10 +40,14 @@ _BUILDERS: Dict[str, Callable[[Devices], Optional[tf.distribute.Strategy]]] = {
     "one_device": _one_device,
     "mirrored": _mirrored,
     "central_storage": _central_storage,
+    "tower": _tower,
 }
 
 # Strategies that run one device however many are asked for.
 SINGLE_DEVICE = ("none", "one_device")
+# Strategies --accumulate_steps K > 1 works with (central_storage's variables
+# cannot hold the per-replica accumulators).
+ACCUMULATE = ("none", "one_device", "mirrored", "tower")
 
 
 def names():
@@ -57,7 +67,14 @@ def check_devices(name: str, devices: Devices):
                         f"use --strategy mirrored for several")
 
 
+def check_accumulate(name: str, accumulate_steps: int):
+    if accumulate_steps > 1 and name not in ACCUMULATE:
+        raise UserError(f"--accumulate_steps {accumulate_steps} does not work with --strategy "
+                        f"{name}; use one of {', '.join(ACCUMULATE)}")
+
+
 def num_replicas(name: str, devices: Devices) -> int:
+    """Model replicas: tf.distribute replicas, or the towers of `tower`."""
     return 1 if name in SINGLE_DEVICE else devices.count
 
 
@@ -65,8 +82,11 @@ def per_replica_batch(name: str, global_batch: int, devices: Devices) -> int:
     """The batch each replica's input_fn must produce for a GLOBAL batch.
 
     Under a tf.distribute strategy Estimator calls input_fn once per replica, so
-    global = per-replica x replicas, and it must divide evenly.
+    global = per-replica x replicas, and it must divide evenly. Under `tower`
+    input_fn yields the whole global batch, which the towers split (any size).
     """
+    if name == "tower":
+        return global_batch
     replicas = num_replicas(name, devices)
     if global_batch % replicas:
         raise UserError(
@@ -76,8 +96,15 @@ def per_replica_batch(name: str, global_batch: int, devices: Devices) -> int:
     return global_batch // replicas
 
 
+def variable_device(name: str, setting: str, devices: Devices) -> Optional[str]:
+    """Where `tower` keeps its variables (`--variable_device cpu|device0`); None otherwise."""
+    if name != "tower":
+        return None
+    return "/cpu:0" if setting == "cpu" else devices.names[0]
+
+
 def make(name: str, devices: Devices):
-    """The strategy object for `name` over `devices` (None for none)."""
+    """The strategy object for `name` over `devices` (None for none and tower)."""
     check_name(name)
     check_devices(name, devices)
     if devices.kind == "CPU" and devices.count > 1:

@@ -19,7 +19,7 @@ _HANDLERS = []
 
 
 class minimize_handler:  # noqa: N801 - used as a context manager, reads like a function
-    """Context manager: route minimize() calls to `handler(loss, params, update_ops)`."""
+    """Context manager: route minimize() calls to `handler(loss, params, update_ops, var_list)`."""
 
     def __init__(self, handler):
         self._handler = handler
@@ -94,10 +94,12 @@ def minimize(loss, params, update_ops=None, var_list=None):
       update_ops: extra ops to run each step, e.g. `model.updates` of Keras layers.
       var_list: variables to train (default: all trainable).
     Returns:
-      The train op; it steps the global step.
+      The train op; it steps the global step. Under `--strategy tower` or
+      `--accumulate_steps K > 1` the run's wrapper takes the loss over instead
+      and returns a placeholder op: return it as the EstimatorSpec's train_op.
     """
     if _HANDLERS:
-        return _HANDLERS[-1](loss, params, update_ops)
+        return _HANDLERS[-1](loss, params, update_ops, var_list)
     optimizer = make_optimizer(params)
     global_step = tf.compat.v1.train.get_or_create_global_step()
     with tf.control_dependencies(collect_update_ops(update_ops)):

@@ -23,8 +23,10 @@ def test_every_train_flag_parses():
          "--model_dir", "d", "--data_dir", "x", "--synthetic", "--seed", "3",
          "--save_checkpoints_steps", "5", "--keep_checkpoint_max", "2", "--export", "best",
          "--summary_json", "s.json", "--set", "learning_rate=0.1", "--import", "m",
-         "--config", "c.yaml", "--input", "digits", "--data_path", "p", "--label_column", "y"])
+         "--config", "c.yaml", "--input", "digits", "--data_path", "p", "--label_column", "y",
+         "--variable_device", "device0", "--accumulate_steps", "4"])
     assert (args.num_devices, args.synthetic, args.overrides, args.imports) == (2, True, ["learning_rate=0.1"], ["m"])
+    assert (args.variable_device, args.accumulate_steps) == ("device0", 4)
     unset = cli.build_parser().parse_args(["train"])
     assert unset.batch_size is None and unset.synthetic is None  # flags only override when given
 
@@ -44,6 +46,10 @@ BAD = [
     (["--set", "filters=many"], "--set filters=many: 'filters' takes a int"),
     (["--import", "no_such_module_xyz"], "--import no_such_module_xyz: cannot import it"),
     (["--export", "sometimes"], "--export sometimes: must be one of"),
+    (["--strategy", "tower", "--variable_device", "gpu0"], "--variable_device gpu0: must be cpu or device0"),
+    (["--accumulate_steps", "0"], "--accumulate_steps 0: must be >= 1 (1 = apply every batch)"),
+    (["--strategy", "central_storage", "--num_devices", "2", "--accumulate_steps", "2"],
+     "--accumulate_steps 2 does not work with --strategy central_storage; use one of"),
 ]
 
 

@@ -11,14 +11,14 @@ CPU1 = devices_lib.Devices(("/cpu:0",), "CPU")
 
 
 def test_names():
-    assert strategies.names() == ["central_storage", "mirrored", "none", "one_device"]
+    assert strategies.names() == ["central_storage", "mirrored", "none", "one_device", "tower"]
 
 
 def test_unknown_strategy_lists_valid():
     with pytest.raises(UserError) as e:
         strategies.make("mirored", CPU2)
     assert str(e.value) == ("--strategy mirored: unknown; choose one of central_storage, "
-                            "mirrored, none, one_device; did you mean 'mirrored'?")
+                            "mirrored, none, one_device, tower; did you mean 'mirrored'?")
 
 
 def test_factory_builds_real_strategies():
@@ -34,6 +34,28 @@ def test_factory_builds_real_strategies():
 def test_single_device_strategies_refuse_many():
     with pytest.raises(UserError, match="--strategy none runs on one device, got --num_devices 2"):
         strategies.make("none", CPU2)
+
+
+def test_tower_strategy_is_no_tf_distribute_strategy():
+    assert strategies.make("tower", CPU2) is None
+    assert strategies.num_replicas("tower", CPU2) == 2
+    # input_fn yields the whole global batch; the towers split any size.
+    assert strategies.per_replica_batch("tower", 63, CPU2) == 63
+    assert strategies.variable_device("tower", "cpu", CPU2) == "/cpu:0"
+    gpus = devices_lib.Devices(("/gpu:0", "/gpu:1"), "GPU")
+    assert strategies.variable_device("tower", "device0", gpus) == "/gpu:0"
+    assert strategies.variable_device("tower", "cpu", gpus) == "/cpu:0"
+    assert strategies.variable_device("mirrored", "cpu", gpus) is None
+
+
+def test_accumulate_steps_strategies():
+    for name in ("none", "one_device", "mirrored", "tower"):
+        strategies.check_accumulate(name, 4)
+    strategies.check_accumulate("central_storage", 1)
+    with pytest.raises(UserError) as e:
+        strategies.check_accumulate("central_storage", 4)
+    assert str(e.value) == ("--accumulate_steps 4 does not work with --strategy central_storage; "
+                            "use one of none, one_device, mirrored, tower")
 
 
 def test_per_replica_batch():

@@ -125,8 +125,13 @@ def tabular_model(features, labels, mode, params):
                 net = tf.nn.dropout(net, rate=dropout)
         if params["task"] == "classification":
             logits = dense(net, int(params["num_classes"]), name="logits")
-            return classification_spec(logits, labels, mode, params)
-        # The layer predicts a standardized target so its scale never depends on the data's units.
-        output = dense(net, 1, name="output")
-        output = output * float(params["label_std"]) + float(params["label_mean"])
-        return regression_spec(output, labels, mode, params)
+        else:
+            # The layer predicts a standardized target so its scale never depends on the data's units.
+            output = dense(net, 1, name="output")
+            output = output * float(params["label_std"]) + float(params["label_mean"])
+    # The head (and so the optimizer) is built outside the variable scope: under
+    # MirroredStrategy Adam's beta powers would otherwise be saved as
+    # tabular/tabular/beta1_power and checkpoints would not interchange with `none`.
+    if params["task"] == "classification":
+        return classification_spec(logits, labels, mode, params)
+    return regression_spec(output, labels, mode, params)

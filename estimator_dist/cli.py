@@ -22,6 +22,7 @@ TRAIN_FLAGS = {
                               "times larger batch (none, one_device, mirrored, tower; default 1). "
                               "The global step counts updates: --train_steps N reads N x K "
                               "batches; LR schedules and checkpoints are in updates"),
+    "scale_lr": (bool, "multiply the learning rate by the number of replicas (all workers)"),
     "batch_size": (int, "GLOBAL batch per step (per micro-batch with --accumulate_steps); each "
                         "of R replicas gets batch_size / R; tower splits any size over its towers"),
     "train_steps": (int, "global step to train to (optimizer updates)"),
@@ -54,6 +55,16 @@ def _add_train_flags(p):
             p.add_argument(f"--{name}", type=kind, default=None, help=text)
 
 
+def _add_cluster_shape(p):
+    p.add_argument("--workers", type=int, default=2, help="training tasks, the chief included (default 2)")
+    p.add_argument("--ps", type=int, default=0, help="parameter-server tasks (default 0)")
+    p.add_argument("--evaluator", action="store_true", help="add an evaluator task (it exports)")
+
+
+# Subcommands that pass the flags they do not know on to `train`.
+PASS_THROUGH = ("cluster", "tfjob")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="estimator-dist", description="Estimator-based data-parallel training.")
@@ -83,13 +94,37 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--batch_size", type=int, default=256)
     _add_common(pr)
 
+    cl = sub.add_parser("cluster", help="run a TF_CONFIG cluster as local processes on 127.0.0.1; "
+                                        "other flags go to every task's train command")
+    _add_cluster_shape(cl)
+    cl.add_argument("--max_restarts", type=int, default=3,
+                    help="restarts of dead tasks allowed in all (default 3)")
+    cl.add_argument("--startup_timeout", type=float, default=120.0,
+                    help="seconds a task may take to start listening (default 120)")
+
+    tj = sub.add_parser("tfjob", help="write a Kubeflow TFJob manifest whose replicas run the "
+                                      "train command; other flags go to that command")
+    _add_cluster_shape(tj)
+    tj.add_argument("--image", required=True, help="container image with estimator-dist installed")
+    tj.add_argument("--name", default="estimator-dist", help="TFJob name (DNS label)")
+    tj.add_argument("--namespace", default="default")
+    tj.add_argument("--pvc", default="", help="PersistentVolumeClaim mounted on every replica")
+    tj.add_argument("--mount_path", default="/mnt/estimator-dist", help="where --pvc is mounted")
+    tj.add_argument("--output", default="", help="file to write (default: stdout)")
+
     ls = sub.add_parser("list", help="registered models and inputs with their hparams")
     _add_common(ls)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command in PASS_THROUGH:
+        args.train_args = rest
+        args.verbose = "--verbose" in rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     from estimator_dist import quiet
 
     quiet.configure(args.verbose)

@@ -154,3 +154,20 @@ def from_env(strategy: str, environ=os.environ) -> Optional[ClusterSpec]:
 def apply(spec: ClusterSpec, environ=os.environ):
     """Hand TensorFlow the normalised TF_CONFIG (chief for master, no evaluator)."""
     environ[TF_CONFIG] = json.dumps(spec.for_tensorflow())
+
+
+class local_only:  # noqa: N801 - a context manager that reads like a function
+    """Hide TF_CONFIG while a RunConfig is built for single-process work (e.g. an export)."""
+
+    def __init__(self, environ=os.environ):
+        self._environ = environ
+        self._saved = None
+
+    def __enter__(self):
+        self._saved = self._environ.pop(TF_CONFIG, None)
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            self._environ[TF_CONFIG] = self._saved
+        return False

@@ -84,8 +84,48 @@ def list_registered(args):
         print(f"  {name:<12} {INPUTS.get(name).doc}")
 
 
+def checked_train_args(args) -> list:
+    """The pass-through train flags, with --strategy made explicit, validated before any launch."""
+    from estimator_dist import launcher
+    from estimator_dist.cli import build_parser
+
+    train_args = list(args.train_args)
+    strategy = launcher.cluster_strategy(None, args.ps)
+    if not any(a == "--strategy" or a.startswith("--strategy=") for a in train_args):
+        train_args += ["--strategy", strategy]
+    train_ns = build_parser().parse_args(["train"] + train_args)  # bad flags: usage, exit 2
+    config = config_from_args(train_ns)
+    launcher.check_shape(args.workers, args.ps, config.distribute.strategy)
+    return train_args
+
+
+def cluster(args):
+    from estimator_dist import launcher
+
+    train_args = checked_train_args(args)
+    return launcher.launch(train_args, args.workers, args.ps, args.evaluator, args.max_restarts,
+                           args.startup_timeout)
+
+
+def tfjob(args):
+    from estimator_dist import tfjob as tfjob_lib
+
+    train_args = checked_train_args(args)
+    job = tfjob_lib.manifest(args.name, args.image, train_args, args.workers, args.ps,
+                             args.evaluator, args.namespace, args.pvc, args.mount_path)
+    text = tfjob_lib.to_yaml(job)
+    if args.output:
+        tmp = args.output + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, args.output)
+        print(f"wrote TFJob '{args.name}' to {args.output}")
+    else:
+        sys.stdout.write(text)
+
+
 COMMANDS = {"train": train, "evaluate": evaluate, "export": export, "predict": predict,
-            "list": list_registered}
+            "list": list_registered, "cluster": cluster, "tfjob": tfjob}
 
 
 def run(name: str, args):

@@ -54,6 +54,7 @@ class DistributeConfig:
     num_devices: int = 0
     variable_device: str = "cpu"
     accumulate_steps: int = 1
+    scale_lr: bool = False
 
 
 SECTIONS = {"data": DataConfig, "train": TrainConfig, "distribute": DistributeConfig}

@@ -4,6 +4,7 @@
 split, the input's data) before anything is written, so bad input leaves
 model_dir untouched.
 """
+import glob
 import importlib
 import json
 import os
@@ -13,6 +14,7 @@ from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
+from estimator_dist import cluster as cluster_lib
 from estimator_dist import config as config_lib
 from estimator_dist import devices as devices_lib
 from estimator_dist import export as export_lib
@@ -51,6 +53,16 @@ class Plan:
     per_replica_batch: int
     input_meta: Dict[str, Any]
     model_dir: str
+    cluster: Optional[cluster_lib.ClusterSpec] = None
+
+    @property
+    def role(self) -> str:
+        """local, chief, worker, ps or evaluator."""
+        return self.cluster.task_type if self.cluster else "local"
+
+    @property
+    def writes_run_files(self) -> bool:
+        return self.role in ("local", "chief")
 
     @property
     def global_batch(self) -> int:
@@ -65,6 +77,7 @@ class Plan:
             **{k: v for k, v in self.input_meta.items() if k != "serving_features"},
             "global_batch_size": self.global_batch,
             "num_replicas": self.replicas,
+            "lr_scale": float(self.replicas) if c.distribute.scale_lr else 1.0,
         }
 
 
@@ -93,18 +106,20 @@ def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None)
     config_lib.validate(config)
     model = MODELS.get(config.model)
     input_entry = INPUTS.get(config.data.input or model.default_input or config.model)
-    strategies.check_name(config.distribute.strategy)
+    name = config.distribute.strategy
+    strategies.check_name(name)
+    spec = cluster_lib.from_env(name)
+    workers = spec.num_workers if spec and spec.is_distributed else 1
     devices = devices_lib.resolve(config.distribute.num_devices)
-    strategies.check_devices(config.distribute.strategy, devices)
-    strategies.check_accumulate(config.distribute.strategy, config.distribute.accumulate_steps)
-    per_replica = strategies.per_replica_batch(
-        config.distribute.strategy, config.train.batch_size, devices)
+    strategies.check_devices(name, devices)
+    strategies.check_accumulate(name, config.distribute.accumulate_steps)
+    per_replica = strategies.per_replica_batch(name, config.train.batch_size, devices, workers)
     if input_meta is None:
         input_meta = run_prepare(input_entry, input_params(config, per_replica))
     return Plan(config=config, model=model, input=input_entry, devices=devices,
-                replicas=strategies.num_replicas(config.distribute.strategy, devices),
+                replicas=strategies.num_replicas(name, devices, workers),
                 per_replica_batch=per_replica, input_meta=input_meta,
-                model_dir=default_model_dir(config))
+                model_dir=default_model_dir(config), cluster=spec)
 
 
 def log_every(train_steps: int) -> int:
@@ -113,6 +128,7 @@ def log_every(train_steps: int) -> int:
 
 
 def build_run_config(p: Plan, strategy) -> tf.estimator.RunConfig:
+    """RunConfig for this task; it also reads TF_CONFIG, so cluster.apply() comes first."""
     t = p.config.train
     return tf.estimator.RunConfig(
         model_dir=p.model_dir,
@@ -193,8 +209,12 @@ def describe(p: Plan) -> str:
     if d.accumulate_steps > 1:
         batch += (f", {d.accumulate_steps} batches per update "
                   f"({p.global_batch * d.accumulate_steps} examples)")
-    return (f"model {c.model} | input {p.input.name} | strategy {d.strategy} on "
-            f"{p.devices.count} {p.devices.kind}(s) | {batch} | model_dir {p.model_dir}")
+    where = f"{p.devices.count} {p.devices.kind}(s)"
+    if p.cluster:
+        where = (f"{p.role}:{p.cluster.task_index} of {p.cluster.num_workers} worker(s), "
+                 f"{p.cluster.num_ps} ps, {where} each")
+    return (f"model {c.model} | input {p.input.name} | strategy {d.strategy} on {where} | "
+            f"{batch} | model_dir {p.model_dir}")
 
 
 def save_run_files(p: Plan):
@@ -221,26 +241,73 @@ def plain(value):
     return value.item() if hasattr(value, "item") else value
 
 
+def silent(*_):
+    pass
+
+
+def final_eval_metrics(model_dir: str) -> Dict[str, Any]:
+    """The last evaluation's scalars from model_dir/eval (the evaluator task's result)."""
+    latest: Dict[str, Any] = {}
+    best_step = -1
+    for path in sorted(glob.glob(os.path.join(model_dir, "eval", "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            values = {v.tag: v.simple_value for v in event.summary.value if v.HasField("simple_value")}
+            if values and event.step >= best_step:
+                best_step, latest = event.step, {**values, "global_step": event.step}
+    return latest
+
+
+def export_from_chief(p: Plan) -> str:
+    """With no evaluator task nobody runs the exporters: the chief exports the final checkpoint."""
+    with cluster_lib.local_only():
+        estimator = single_device_estimator(p)
+    base = os.path.join(p.model_dir, export_lib.EXPORT_SUBDIR, "final")
+    return export_lib.export_saved_model(estimator, p.input_meta["serving_features"], base,
+                                         tf.train.latest_checkpoint(p.model_dir))
+
+
+def reports_summary(p: Plan) -> bool:
+    """The task that holds the final metrics and exports writes --summary_json."""
+    if p.role == "local" or p.role == "evaluator":
+        return True
+    return p.role == "chief" and not p.cluster.has_evaluator
+
+
 def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
-    """Train and evaluate as configured; returns the run summary."""
+    """Train and evaluate as configured (this process's part of a cluster); returns the summary."""
     p = plan(config)
-    out(describe(p))
+    if p.cluster:
+        cluster_lib.apply(p.cluster)
+    say = out if p.role in ("local", "chief", "evaluator") else silent
+    say(describe(p))
     start_step = checkpoint_step(p.model_dir)
-    if start_step is not None:
+    if start_step is not None and p.writes_run_files:
         out(f"resuming from the checkpoint at step {start_step} in {p.model_dir}")
-    save_run_files(p)
-    strategy = strategies.make(config.distribute.strategy, p.devices)
+    if p.writes_run_files:
+        save_run_files(p)
+    # The evaluator runs without a strategy: MultiWorkerMirrored cannot be copied
+    # into the evaluator's RunConfig and evaluation needs no replicas.
+    strategy = None if p.role == "evaluator" else strategies.make(config.distribute.strategy,
+                                                                 p.devices)
     estimator = build_estimator(p, build_run_config(p, strategy))
     progress = ProgressHook(p.global_batch, config.train.train_steps,
-                            every_n=log_every(config.train.train_steps), emit=out,
+                            every_n=log_every(config.train.train_steps),
+                            emit=out if p.writes_run_files else silent,
                             runs_per_step=config.distribute.accumulate_steps)
     train_spec, eval_spec = build_specs(p, progress)
     started = time.perf_counter()
     result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
     metrics = {k: plain(v) for k, v in (result[0] if result else {}).items()}
+    if p.role == "evaluator":
+        metrics = final_eval_metrics(p.model_dir)
+    if p.role == "chief" and not p.cluster.has_evaluator and config.train.export != "none":
+        export_from_chief(p)
+        out("no evaluator task: the chief exported the final checkpoint")
     summary = {
         "model": config.model,
         "strategy": config.distribute.strategy,
+        "role": p.role,
+        "num_workers": p.cluster.num_workers if p.cluster else 1,
         "num_devices": p.devices.count,
         "global_batch_size": p.global_batch,
         "accumulate_steps": config.distribute.accumulate_steps,
@@ -252,8 +319,8 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
         "wall_seconds": round(time.perf_counter() - started, 2),
         "model_dir": p.model_dir,
     }
-    out(format_result(summary))
-    if config.train.summary_json:
+    say(format_result(summary))
+    if config.train.summary_json and reports_summary(p):
         write_summary(config.train.summary_json, summary)
     return summary
 
@@ -261,6 +328,8 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
 def format_result(summary: Dict[str, Any]) -> str:
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in sorted(summary["metrics"].items())
                         if k != "global_step" and isinstance(v, float))
+    if not summary["metrics"] and summary.get("role") in ("chief", "worker"):
+        metrics = "(the evaluator task evaluates and exports)"
     line = f"done: step {summary['global_step']}  {metrics}"
     if summary["exports"]:
         line += f"\nexported: {summary['exports'][-1]}"

@@ -1,7 +1,9 @@
 """Strategy factory: a name -> the tf.distribute strategy Estimator runs under.
 
-`none` and `tower` return no strategy: `none` is a plain single-device Estimator,
-`tower` replicates the model_fn itself (see towers.py).
+`none` and `tower` return no strategy: `none` is a plain single-device Estimator
+(or, with ps tasks in TF_CONFIG, classic asynchronous between-graph training),
+`tower` replicates the model_fn itself (see towers.py). The cluster strategies
+read TF_CONFIG (checked first by cluster.py).
 """
 import difflib
 from typing import Callable, Dict, Optional
@@ -30,6 +32,15 @@ def _tower(devices: Devices):
     return None
 
 
+def _multi_worker_mirrored(devices: Devices):
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def _parameter_server(devices: Devices):
+    # The v2 ParameterServerStrategy is rejected by Estimator's RunConfig.
+    return tf.compat.v1.distribute.experimental.ParameterServerStrategy()
+
+
 def _central_storage(devices: Devices):
     return tf.distribute.experimental.CentralStorageStrategy(
         compute_devices=list(devices.names), parameter_device="/cpu:0")
@@ -41,10 +52,14 @@ _BUILDERS: Dict[str, Callable[[Devices], Optional[tf.distribute.Strategy]]] = {
     "mirrored": _mirrored,
     "central_storage": _central_storage,
     "tower": _tower,
+    "multi_worker_mirrored": _multi_worker_mirrored,
+    "parameter_server": _parameter_server,
 }
 
 # Strategies that run one device however many are asked for.
 SINGLE_DEVICE = ("none", "one_device")
+# Strategies that span processes; they need TF_CONFIG.
+CLUSTER = ("multi_worker_mirrored", "parameter_server")
 # Strategies --accumulate_steps K > 1 works with (central_storage's variables
 # cannot hold the per-replica accumulators).
 ACCUMULATE = ("none", "one_device", "mirrored", "tower")
@@ -65,6 +80,10 @@ def check_devices(name: str, devices: Devices):
     if name in SINGLE_DEVICE and devices.count > 1:
         raise UserError(f"--strategy {name} runs on one device, got --num_devices {devices.count}; "
                         f"use --strategy mirrored for several")
+    if name in CLUSTER and devices.kind == "CPU" and devices.count > 1:
+        # MultiWorkerMirrored ignores logical CPUs (one replica on CPU:0, measured).
+        raise UserError(f"--strategy {name} runs one replica per CPU worker, got --num_devices "
+                        f"{devices.count}; add workers instead (--num_devices counts GPUs)")
 
 
 def check_accumulate(name: str, accumulate_steps: int):
@@ -73,21 +92,22 @@ def check_accumulate(name: str, accumulate_steps: int):
                         f"{name}; use one of {', '.join(ACCUMULATE)}")
 
 
-def num_replicas(name: str, devices: Devices) -> int:
-    """Model replicas: tf.distribute replicas, or the towers of `tower`."""
-    return 1 if name in SINGLE_DEVICE else devices.count
+def num_replicas(name: str, devices: Devices, workers: int = 1) -> int:
+    """Model replicas: tf.distribute replicas (over every worker), or the towers of `tower`."""
+    return (1 if name in SINGLE_DEVICE else devices.count) * workers
 
 
-def per_replica_batch(name: str, global_batch: int, devices: Devices) -> int:
+def per_replica_batch(name: str, global_batch: int, devices: Devices, workers: int = 1) -> int:
     """The batch each replica's input_fn must produce for a GLOBAL batch.
 
     Under a tf.distribute strategy Estimator calls input_fn once per replica, so
     global = per-replica x replicas, and it must divide evenly. Under `tower`
     input_fn yields the whole global batch, which the towers split (any size).
+    In a cluster the replicas of every worker count.
     """
     if name == "tower":
         return global_batch
-    replicas = num_replicas(name, devices)
+    replicas = num_replicas(name, devices, workers)
     if global_batch % replicas:
         raise UserError(
             f"--batch_size {global_batch} is not divisible by the {replicas} replicas of "

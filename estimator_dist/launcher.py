@@ -1,0 +1,296 @@
+"""Run a TF_CONFIG cluster as local processes on 127.0.0.1, with a watchdog.
+
+Every task is `python -m estimator_dist train ...` with its own TF_CONFIG and a
+free loopback port. Output lines are prefixed with the task name. The run ends
+when the chief ends: the evaluator (if any) gets time to evaluate and export the
+final checkpoint, then every remaining task (ps tasks never exit by themselves)
+is stopped by PID, and the chief's exit code is returned.
+
+Watchdog: a task that dies is restarted, at most --max_restarts times in all.
+Under parameter-server training a dead worker or evaluator is restarted alone
+(the others carry on); a dead ps loses the variables it holds, and under
+multi_worker_mirrored a dead peer hangs the others forever, so in those cases the
+whole cluster is stopped and started again, resuming from the last checkpoint.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+from estimator_dist.errors import EXIT_USER, UserError
+
+LOOPBACK = "127.0.0.1"
+EXIT_CLUSTER_FAILED = 3
+STOP_GRACE_SECONDS = 10.0
+POLL_SECONDS = 0.2
+
+
+def free_ports(n: int) -> List[int]:
+    """n distinct free loopback ports (held open together so they differ, then released)."""
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((LOOPBACK, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((LOOPBACK, port)) == 0
+
+
+def task_names(workers: int, ps: int, evaluator: bool) -> List[str]:
+    """chief:0, worker:0..workers-2, ps:0..ps-1, evaluator:0 (workers counts the chief)."""
+    names = ["chief:0"] + [f"worker:{i}" for i in range(workers - 1)]
+    names += [f"ps:{i}" for i in range(ps)]
+    return names + (["evaluator:0"] if evaluator else [])
+
+
+def make_tf_configs(names: List[str], ports: List[int]) -> Dict[str, str]:
+    """TF_CONFIG per task, laid out as Kubeflow's operator does (evaluator in the cluster)."""
+    cluster: Dict[str, List[str]] = {}
+    for name, port in zip(names, ports):
+        cluster.setdefault(name.split(":")[0], []).append(f"{LOOPBACK}:{port}")
+    configs = {}
+    for name in names:
+        task_type, index = name.split(":")
+        configs[name] = json.dumps({"cluster": cluster, "task": {"type": task_type, "index": int(index)},
+                                    "environment": "cloud"})
+    return configs
+
+
+@dataclass
+class Task:
+    """One process of the cluster."""
+
+    name: str
+    argv: List[str]
+    tf_config: str
+    port: Optional[int] = None
+    process: Optional[subprocess.Popen] = None
+    started_at: float = 0.0
+    up: bool = False
+    reader: Optional[threading.Thread] = field(default=None, repr=False)
+
+    @property
+    def role(self) -> str:
+        return self.name.split(":")[0]
+
+
+class Supervisor:
+    """Starts tasks, prefixes their output, restarts the dead, stops everything at the end."""
+
+    def __init__(self, tasks: List[Task], whole_restart: bool, max_restarts: int,
+                 startup_timeout: float, final_eval_timeout: float = 600.0,
+                 emit: Callable[[str], None] = print, relaunch: Optional[Callable] = None):
+        self.tasks = tasks
+        self.whole_restart = whole_restart
+        self.max_restarts = max_restarts
+        self.startup_timeout = startup_timeout
+        self.final_eval_timeout = final_eval_timeout
+        self.emit = emit
+        self.relaunch = relaunch  # () -> new task list (fresh ports) for whole restarts
+        self.restarts = 0
+        self._lock = threading.Lock()
+        self._stopping = False
+
+    def say(self, text: str):
+        with self._lock:
+            self.emit(f"[launcher] {text}")
+
+    def _pump(self, task: Task, stream):
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self._lock:
+                self.emit(f"[{task.name}] {line}")
+        stream.close()
+
+    def start(self, task: Task):
+        env = {**os.environ, "TF_CONFIG": task.tf_config, "PYTHONUNBUFFERED": "1"}
+        task.process = subprocess.Popen(task.argv, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        task.started_at = time.monotonic()
+        task.up = task.port is None or task.role == "evaluator"
+        task.reader = threading.Thread(target=self._pump, args=(task, task.process.stdout), daemon=True)
+        task.reader.start()
+        self.say(f"started {task.name} pid {task.process.pid}"
+                 + (f" on {LOOPBACK}:{task.port}" if task.port and task.role != "evaluator" else ""))
+
+    def stop(self, task: Task):
+        """SIGTERM, then SIGKILL after a grace period; by PID, never by name."""
+        proc = task.process
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def stop_all(self):
+        for task in self.tasks:
+            self.stop(task)
+        for task in self.tasks:
+            if task.reader:
+                task.reader.join(timeout=2)
+
+    def _check_startup(self, task: Task):
+        if task.up:
+            return
+        if listening(task.port):
+            task.up = True
+        elif time.monotonic() - task.started_at > self.startup_timeout:
+            raise ClusterFailed(f"{task.name} did not start listening on {LOOPBACK}:{task.port} "
+                                f"within {self.startup_timeout:.0f} s (see its lines above); "
+                                f"raise --startup_timeout if the machine is slow")
+
+    def _restart(self, task: Task, code: int):
+        if self.restarts >= self.max_restarts:
+            raise ClusterFailed(f"{task.name} exited with code {code} and --max_restarts "
+                                f"{self.max_restarts} is used up")
+        self.restarts += 1
+        if self.whole_restart or task.role == "ps" or (task.role == "chief" and self.relaunch):
+            self.say(f"{task.name} exited with code {code}; restarting the whole cluster from the "
+                     f"last checkpoint (restart {self.restarts}/{self.max_restarts})")
+            self.stop_all()
+            self.tasks = self.relaunch() if self.relaunch else self.tasks
+            for t in self.tasks:
+                self.start(t)
+        else:
+            self.say(f"{task.name} exited with code {code}; restarting it "
+                     f"(restart {self.restarts}/{self.max_restarts})")
+            self.start(task)
+
+    def _finish(self, chief: Task) -> int:
+        evaluator = next((t for t in self.tasks if t.role == "evaluator"), None)
+        if evaluator and evaluator.process.poll() is None:
+            self.say("chief finished; waiting for the evaluator's final evaluation and export")
+            deadline = time.monotonic() + self.final_eval_timeout
+            while evaluator.process.poll() is None and time.monotonic() < deadline:
+                time.sleep(POLL_SECONDS)
+            if evaluator.process.poll() is None:
+                self.say(f"the evaluator did not finish within {self.final_eval_timeout:.0f} s; "
+                         f"stopping it")
+            elif evaluator.process.returncode != 0:
+                self.say(f"the evaluator exited with code {evaluator.process.returncode}")
+        self.stop_all()
+        return chief.process.returncode
+
+    def run(self) -> int:
+        for task in self.tasks:
+            self.start(task)
+        try:
+            while True:
+                time.sleep(POLL_SECONDS)
+                for task in list(self.tasks):
+                    code = task.process.poll()
+                    if code is None:
+                        self._check_startup(task)
+                        continue
+                    if task.role == "chief":
+                        if code == 0:
+                            return self._finish(task)
+                        if code == EXIT_USER:
+                            self.stop_all()
+                            return code
+                        self._restart(task, code)
+                        break
+                    if code == 0 and task.role in ("worker", "evaluator"):
+                        continue  # finished its part
+                    if code == EXIT_USER:
+                        self.stop_all()
+                        return code
+                    if code != 0:
+                        self._restart(task, code)
+                        break
+        except ClusterFailed as e:
+            self.say(f"error: {e}")
+            self.stop_all()
+            return EXIT_CLUSTER_FAILED
+        except KeyboardInterrupt:
+            self.say("interrupted; stopping every task")
+            self.stop_all()
+            return 130
+
+
+class ClusterFailed(Exception):
+    """The cluster cannot finish: a task never came up, or restarts are used up."""
+
+
+def cluster_strategy(strategy: Optional[str], ps: int) -> str:
+    """The strategy the tasks run: given, or parameter_server with ps tasks, else MWMS."""
+    if strategy:
+        return strategy
+    return "parameter_server" if ps else "multi_worker_mirrored"
+
+
+def check_shape(workers: int, ps: int, strategy: str):
+    if workers < 1:
+        raise UserError(f"--workers {workers}: must be >= 1 (it counts the chief)")
+    if ps < 0:
+        raise UserError(f"--ps {ps}: must be >= 0")
+    from estimator_dist import cluster
+
+    names = task_names(workers, ps, False)
+    spec = cluster.parse(make_tf_configs(names, list(range(1, len(names) + 1)))["chief:0"])
+    cluster.check_strategy(spec, strategy)
+
+
+def build_tasks(train_args: List[str], workers: int, ps: int, evaluator: bool,
+                python: str = sys.executable) -> List[Task]:
+    names = task_names(workers, ps, evaluator)
+    ports = free_ports(len(names))
+    configs = make_tf_configs(names, ports)
+    argv = [python, "-m", "estimator_dist", "train"] + list(train_args)
+    return [Task(name, argv, configs[name], port) for name, port in zip(names, ports)]
+
+
+def install_signal_handlers():
+    """SIGTERM behaves like Ctrl-C: the supervisor stops every task."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def launch(train_args: List[str], workers: int, ps: int, evaluator: bool, max_restarts: int,
+           startup_timeout: float, emit=print) -> int:
+    """Run the cluster to completion; returns the chief's exit code (or 3 / 130)."""
+    strategy = _strategy_in(train_args)
+    check_shape(workers, ps, strategy)
+    if max_restarts < 0:
+        raise UserError(f"--max_restarts {max_restarts}: must be >= 0")
+    if startup_timeout <= 0:
+        raise UserError(f"--startup_timeout {startup_timeout}: must be > 0")
+
+    def fresh():
+        return build_tasks(train_args, workers, ps, evaluator)
+
+    supervisor = Supervisor(fresh(), whole_restart=strategy == "multi_worker_mirrored",
+                            max_restarts=max_restarts, startup_timeout=startup_timeout,
+                            emit=emit, relaunch=fresh)
+    install_signal_handlers()
+    return supervisor.run()
+
+
+def _strategy_in(train_args: List[str]) -> str:
+    for i, arg in enumerate(train_args):
+        if arg == "--strategy" and i + 1 < len(train_args):
+            return train_args[i + 1]
+        if arg.startswith("--strategy="):
+            return arg.split("=", 1)[1]
+    raise UserError("the cluster launcher needs --strategy in the train flags")

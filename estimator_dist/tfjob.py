@@ -1,0 +1,77 @@
+"""Kubeflow TFJob (kubeflow.org/v1) manifests whose replicas run the same train command.
+
+The operator gives each replica its TF_CONFIG (every replica type in `cluster`,
+the task type lower-cased, "environment": "cloud"); estimator-dist reads it as is.
+`--model_dir` must be storage every replica sees (a PVC via --pvc, or a bucket).
+"""
+import re
+import shlex
+from typing import Any, Dict, List
+
+import yaml
+
+from estimator_dist.errors import UserError
+from estimator_dist.launcher import check_shape
+
+PORT = 2222
+CONTAINER = "tensorflow"  # the operator injects TF_CONFIG into the container of this name
+NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _container(image: str, command: List[str], mount_path: str, pvc: str) -> Dict[str, Any]:
+    container = {"name": CONTAINER, "image": image, "command": command,
+                 "ports": [{"name": "tfjob-port", "containerPort": PORT}]}
+    if pvc:
+        container["volumeMounts"] = [{"name": "shared", "mountPath": mount_path}]
+    return container
+
+
+def _replica(count: int, container: Dict[str, Any], pvc: str, restart: str) -> Dict[str, Any]:
+    spec: Dict[str, Any] = {"containers": [container]}
+    if pvc:
+        spec["volumes"] = [{"name": "shared", "persistentVolumeClaim": {"claimName": pvc}}]
+    return {"replicas": count, "restartPolicy": restart, "template": {"spec": spec}}
+
+
+def manifest(name: str, image: str, train_args: List[str], workers: int, ps: int,
+             evaluator: bool, namespace: str = "default", pvc: str = "",
+             mount_path: str = "/mnt/estimator-dist") -> Dict[str, Any]:
+    """The TFJob as a dict. Chief + (workers - 1) Workers + ps PS (+ an Evaluator).
+
+    restartPolicy ExitCode: the operator restarts a replica on retryable exit codes
+    (signals, e.g. preemption) and not on exit code 2 (a user error would only repeat).
+    """
+    if not NAME_RE.fullmatch(name) or len(name) > 40:
+        raise UserError(f"--name {name!r}: must be a DNS-1123 label of at most 40 characters "
+                        f"(lower-case letters, digits, '-')")
+    if not image:
+        raise UserError("--image is required: the container image that has estimator-dist installed")
+    strategy = _strategy(train_args)
+    check_shape(workers, ps, strategy)
+    command = ["estimator-dist", "train"] + list(train_args)
+    container = _container(image, command, mount_path, pvc)
+    replicas = {"Chief": _replica(1, container, pvc, "ExitCode")}
+    if workers > 1:
+        replicas["Worker"] = _replica(workers - 1, container, pvc, "ExitCode")
+    if ps:
+        replicas["PS"] = _replica(ps, container, pvc, "ExitCode")
+    if evaluator:
+        replicas["Evaluator"] = _replica(1, container, pvc, "ExitCode")
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"runPolicy": {"cleanPodPolicy": "Running"}, "tfReplicaSpecs": replicas},
+    }
+
+
+def _strategy(train_args: List[str]) -> str:
+    from estimator_dist.launcher import _strategy_in
+
+    return _strategy_in(train_args)
+
+
+def to_yaml(job: Dict[str, Any]) -> str:
+    header = "# " + shlex.join(job["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]
+                                ["containers"][0]["command"]) + "\n"
+    return header + yaml.safe_dump(job, sort_keys=False)

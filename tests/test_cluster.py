@@ -1,0 +1,209 @@
+"""Cluster runs with real processes on 127.0.0.1: MWMS, parameter server, async PS,
+a killed worker, TF_CONFIG errors, and a Kubeflow TFJob's replicas."""
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import yaml
+
+from estimator_dist import launcher, tfjob
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = ["--model", "digits", "--batch_size", "32", "--seed", "1"]
+
+
+class Run:
+    """`estimator-dist cluster ...` as a subprocess whose output is collected as it comes."""
+
+    def __init__(self, args, timeout=300):
+        self.proc = subprocess.Popen([sys.executable, "-m", "estimator_dist", "cluster"] + args,
+                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        self.lines = []
+        self.timeout = timeout
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def pid_of(self, task):
+        """The PID of the task's latest start."""
+        pid = None
+        for line in list(self.lines):
+            m = re.match(rf"\[launcher\] started {re.escape(task)} pid (\d+)", line)
+            if m:
+                pid = int(m.group(1))
+        return pid
+
+    def wait(self):
+        try:
+            code = self.proc.wait(self.timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+            raise AssertionError("cluster run timed out:\n" + "\n".join(self.lines[-40:]))
+        self._reader.join(5)
+        return code
+
+    @property
+    def text(self):
+        return "\n".join(self.lines)
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def final_export(model_dir):
+    return glob.glob(os.path.join(model_dir, "export", "*", "*", "saved_model.pb"))
+
+
+def checkpoint_steps(model_dir):
+    return sorted(int(m) for m in re.findall(r"model\.ckpt-(\d+)\.index",
+                                              " ".join(os.listdir(model_dir))))
+
+
+def test_multi_worker_mirrored_two_workers_and_evaluator(tmp_path):
+    model_dir = str(tmp_path / "run")
+    run = Run(["--workers", "2", "--evaluator", "--strategy", "multi_worker_mirrored",
+               "--train_steps", "40", "--save_checkpoints_steps", "20", "--model_dir", model_dir,
+               "--summary_json", str(tmp_path / "summary.json")] + TRAIN)
+    assert run.wait() == 0, run.text
+    assert checkpoint_steps(model_dir)[-1] == 40
+    assert final_export(model_dir), run.text
+    assert "[chief:0] step 40/40" in run.text and "[evaluator:0] done: step 40" in run.text
+    assert run.pid_of("worker:0")
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["num_workers"] == 2 and summary["global_batch_size"] == 32
+    assert summary["metrics"]["global_step"] == 40 and 0 <= summary["metrics"]["accuracy"] <= 1
+
+
+def test_parameter_server_two_workers_one_ps_evaluator(tmp_path):
+    model_dir = str(tmp_path / "run")
+    run = Run(["--workers", "2", "--ps", "1", "--evaluator", "--strategy", "parameter_server",
+               "--train_steps", "40", "--save_checkpoints_steps", "20",
+               "--model_dir", model_dir] + TRAIN)
+    assert run.wait() == 0, run.text
+    assert checkpoint_steps(model_dir)[-1] >= 40 and final_export(model_dir), run.text
+    ps_pid = run.pid_of("ps:0")
+    assert ps_pid and not alive(ps_pid), "the ps task must be stopped by PID"
+
+
+def test_async_parameter_server_without_strategy(tmp_path):
+    model_dir = str(tmp_path / "run")
+    run = Run(["--workers", "2", "--ps", "1", "--strategy", "none", "--train_steps", "40",
+               "--save_checkpoints_steps", "20", "--model_dir", model_dir] + TRAIN)
+    assert run.wait() == 0, run.text
+    assert checkpoint_steps(model_dir)[-1] >= 40
+    # No evaluator: the chief exports the final checkpoint itself.
+    assert final_export(model_dir), run.text
+    assert "no evaluator task" in run.text
+
+
+@pytest.mark.parametrize("strategy,ps,expect", [
+    ("parameter_server", "1", "restarting it"),
+    ("multi_worker_mirrored", "0", "restarting the whole cluster"),
+])
+def test_killed_worker_is_restarted_and_run_finishes(strategy, ps, expect, tmp_path):
+    model_dir = str(tmp_path / "run")
+    run = Run(["--workers", "2", "--ps", ps, "--evaluator", "--strategy", strategy,
+               "--max_restarts", "2", "--train_steps", "300", "--save_checkpoints_steps", "50",
+               "--model_dir", model_dir] + TRAIN, timeout=400)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and run.proc.poll() is None:
+        if os.path.isdir(model_dir) and [s for s in checkpoint_steps(model_dir) if s > 0]:
+            break
+        time.sleep(0.5)
+    pid = run.pid_of("worker:0")
+    assert pid and alive(pid), run.text
+    os.kill(pid, signal.SIGKILL)
+    assert run.wait() == 0, run.text
+    assert expect in run.text
+    assert checkpoint_steps(model_dir)[-1] >= 300 and final_export(model_dir), run.text
+
+
+def test_bad_tf_config_is_one_line_exit_2(tmp_path):
+    env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:1"]},
+                                                  "task": {"type": "worker", "index": 0}})}
+    proc = subprocess.run([sys.executable, "-m", "estimator_dist", "train", "--strategy",
+                           "multi_worker_mirrored", "--model_dir", str(tmp_path / "r")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("estimator-dist: error: TF_CONFIG cluster chief count 0: must be "
+                                   "exactly 1 (a 'chief' or 'master' list with one address) "
+                                   "(TF_CONFIG environment variable)")
+    assert not (tmp_path / "r").exists()
+
+
+def test_launcher_rejects_bad_shapes():
+    proc = subprocess.run([sys.executable, "-m", "estimator_dist", "cluster", "--workers", "2",
+                           "--strategy", "parameter_server"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "needs ps tasks" in proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def operator_tf_config(job, replica_type, index, hosts):
+    """TF_CONFIG exactly as Kubeflow's TFJob operator writes it (kubeflow.org/v1)."""
+    cluster = {rtype.lower(): hosts[rtype.lower()] for rtype in job["spec"]["tfReplicaSpecs"]}
+    return json.dumps({"cluster": cluster, "task": {"type": replica_type.lower(), "index": index},
+                       "environment": "cloud"})
+
+
+def test_tfjob_manifest_replicas_run_with_operator_tf_config(tmp_path):
+    model_dir = str(tmp_path / "run")
+    out = tmp_path / "job.yaml"
+    code = subprocess.run([sys.executable, "-m", "estimator_dist", "tfjob", "--image",
+                           "registry.example/estimator-dist:1", "--name", "digits-ps",
+                           "--workers", "2", "--ps", "1", "--evaluator", "--output", str(out),
+                           "--strategy", "parameter_server", "--train_steps", "30",
+                           "--save_checkpoints_steps", "15", "--model_dir", model_dir] + TRAIN,
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert code.returncode == 0, code.stderr
+    job = yaml.safe_load(out.read_text())
+    assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "TFJob"
+    specs = job["spec"]["tfReplicaSpecs"]
+    assert {k: v["replicas"] for k, v in specs.items()} == {"Chief": 1, "Worker": 1, "PS": 1,
+                                                            "Evaluator": 1}
+    container = specs["Chief"]["template"]["spec"]["containers"][0]
+    assert container["name"] == "tensorflow" and container["command"][:2] == ["estimator-dist", "train"]
+
+    names = [f"{rtype.lower()}:{i}" for rtype, s in specs.items() for i in range(s["replicas"])]
+    ports = launcher.free_ports(len(names))
+    hosts = {}
+    for name, port in zip(names, ports):
+        hosts.setdefault(name.split(":")[0], []).append(f"127.0.0.1:{port}")
+    tasks = []
+    for name, port in zip(names, ports):
+        rtype, index = name.split(":")
+        rkey = next(k for k in specs if k.lower() == rtype)
+        command = specs[rkey]["template"]["spec"]["containers"][0]["command"]
+        argv = [sys.executable, "-m", "estimator_dist"] + command[1:]
+        tasks.append(launcher.Task(name, argv, operator_tf_config(job, rkey, int(index), hosts), port))
+    lines = []
+    supervisor = launcher.Supervisor(tasks, whole_restart=False, max_restarts=0,
+                                     startup_timeout=120, emit=lines.append)
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        assert supervisor.run() == 0, "\n".join(lines)
+    finally:
+        os.chdir(cwd)
+    assert checkpoint_steps(model_dir)[-1] >= 30 and final_export(model_dir), "\n".join(lines)

@@ -14,8 +14,11 @@ INPUT ?=
 OUTPUT ?= $(MODEL_DIR)/predictions.csv
 TESTARGS ?=
 GPU ?=
+WORKERS ?= 2
+PS ?= 0
+EVALUATOR ?= 1
 
-.PHONY: venv train test export predict list clean distclean
+.PHONY: venv train test export predict list cluster clean distclean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +34,11 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests $(TESTARGS)
+
+cluster: $(STAMP)
+	$(BIN)/estimator-dist cluster --workers $(WORKERS) --ps $(PS) $(if $(filter 1,$(EVALUATOR)),--evaluator) \
+	  --model $(MODEL) --model_dir $(MODEL_DIR) $(if $(STEPS),--train_steps $(STEPS)) \
+	  $(if $(filter-out none,$(STRATEGY)),--strategy $(STRATEGY)) $(ARGS)
 
 export: $(STAMP)
 	$(BIN)/estimator-dist export --model_dir $(MODEL_DIR) $(ARGS)

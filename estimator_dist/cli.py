@@ -11,9 +11,10 @@ TRAIN_FLAGS = {
     "data_path": (str, "a data file, e.g. the CSV for --model tabular"),
     "label_column": (str, "the label column of --data_path"),
     "synthetic": (bool, "use generated in-memory data of the right shapes"),
-    "strategy": (str, "none | one_device | mirrored | central_storage | tower (default none); "
-                      "tower: one model replica per device over one set of variables, any "
-                      "batch size"),
+    "strategy": (str, "none | one_device | mirrored | central_storage | tower | "
+                      "multi_worker_mirrored | parameter_server (default none); tower: one model "
+                      "replica per device over one set of variables, any batch size; the last "
+                      "two need TF_CONFIG (see 'cluster')"),
     "num_devices": (int, "devices to use: 0 = auto (all GPUs, else 1 CPU); on a CPU-only "
                          "machine N logical CPU devices"),
     "variable_device": (str, "tower only: where the one set of variables lives, cpu | device0 "

@@ -207,3 +207,17 @@ def test_tfjob_manifest_replicas_run_with_operator_tf_config(tmp_path):
     finally:
         os.chdir(cwd)
     assert checkpoint_steps(model_dir)[-1] >= 30 and final_export(model_dir), "\n".join(lines)
+
+
+def test_each_worker_reads_its_own_shard(tmp_path, monkeypatch):
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    monkeypatch.setenv("SHARD_PROBE_DIR", str(probe))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        filter(None, [os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH")])))
+    run = Run(["--workers", "2", "--strategy", "multi_worker_mirrored", "--train_steps", "10",
+               "--import", "shard_probe", "--input", "shard_probe", "--export", "none",
+               "--model_dir", str(tmp_path / "run")] + TRAIN)
+    assert run.wait() == 0, run.text
+    shards = sorted(name.split("-", 1)[1] for name in os.listdir(probe))
+    assert shards == ["0-of-2", "1-of-2"], shards

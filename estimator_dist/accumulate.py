@@ -30,6 +30,8 @@ fetches: the update happens in the same session run as the last micro-batch.
 """
 import tensorflow as tf
 
+from estimator_dist import numerics
+
 # Every replica's update-and-reset op (replicas build their own; the hook runs all).
 UPDATE_COLLECTION = "estimator_dist_accumulated_updates"
 
@@ -51,7 +53,8 @@ def gradients(loss, var_list):
     return tf.compat.v1.gradients(loss, var_list)
 
 
-def build_train_op(optimizer, grads_and_vars, num_examples, accumulate_steps=1, update_ops=()):
+def build_train_op(optimizer, grads_and_vars, num_examples, accumulate_steps=1, update_ops=(),
+                   loss=None):
     """The train op (and session hooks) that applies `grads_and_vars`.
 
     Args:
@@ -60,19 +63,24 @@ def build_train_op(optimizer, grads_and_vars, num_examples, accumulate_steps=1, 
       num_examples: scalar tensor; weighs this micro-batch when accumulating.
       accumulate_steps: K; 1 applies at once.
       update_ops: run with every micro-batch (batch-norm statistics).
+      loss: this (micro-)batch's loss; it and every gradient must be finite for
+        the run to add or apply anything (numerics.guard).
     Returns:
       (train_op, hooks).
     """
     global_step = tf.compat.v1.train.get_or_create_global_step()
     if accumulate_steps == 1:
         with tf.control_dependencies(list(update_ops)):
-            return optimizer.apply_gradients(grads_and_vars, global_step=global_step), []
+            checked = numerics.guard(loss, grads_and_vars, num_examples)
+            return optimizer.apply_gradients(checked, global_step=global_step), []
     pairs = [(g, v) for g, v in grads_and_vars if g is not None]
     count = tf.cast(num_examples, tf.float32)
     with tf.compat.v1.variable_scope("accumulate", reuse=tf.compat.v1.AUTO_REUSE):
         sums = [_local_zeros(_base_name(v), v.shape, v.dtype) for _, v in pairs]
         examples = _local_zeros("examples", [], tf.float32)
-    adds = [s.assign_add(_weighted(g, count)) for s, (g, _) in zip(sums, pairs)]
+    # Checked after weighting: an empty micro-batch's NaN mean is zeroed, not an error.
+    weighted = numerics.guard(loss, [(_weighted(g, count), v) for g, v in pairs], count)
+    adds = [s.assign_add(g) for s, (g, _) in zip(sums, weighted)]
     with tf.control_dependencies(list(update_ops)):
         accumulate_op = tf.group(*adds, examples.assign_add(count), name="accumulate")
     with tf.control_dependencies([accumulate_op]):
@@ -83,7 +91,7 @@ def build_train_op(optimizer, grads_and_vars, num_examples, accumulate_steps=1, 
     with tf.name_scope("accumulate"):
         total = tf.maximum(_sum_over_replicas(local_total), 1.0)
     mean = [(t / tf.cast(total, t.dtype), v) for t, (_, v) in zip(totals, pairs)]
-    update = optimizer.apply_gradients(mean, global_step=global_step)
+    update = optimizer.apply_gradients(numerics.guard(None, mean), global_step=global_step)
     with tf.control_dependencies([update]):
         reset = tf.group(*[s.assign(tf.zeros_like(s)) for s in sums + [examples]],
                          name="accumulated_update")

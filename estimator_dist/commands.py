@@ -5,6 +5,7 @@ import sys
 from estimator_dist import config as config_lib
 from estimator_dist import export as export_lib
 from estimator_dist import runner
+from estimator_dist import storage
 from estimator_dist.cli import TRAIN_FLAGS
 from estimator_dist.errors import UserError
 from estimator_dist.registry import INPUTS, MODELS
@@ -124,9 +125,24 @@ def tfjob(args):
         sys.stdout.write(text)
 
 
-COMMANDS = {"train": train, "evaluate": evaluate, "export": export, "predict": predict,
+def report(args):
+    from estimator_dist import report as report_lib
+
+    csv_path, png_path, text = report_lib.write(args.model_dir, args.output_dir)
+    print(text)
+    print(f"wrote {csv_path} and {png_path}")
+
+
+def bench(args):
+    from estimator_dist import bench as bench_lib
+
+    return bench_lib.run(bench_lib.options_from_args(args))
+
+
+COMMANDS = {"bench": bench, "report": report, "train": train, "evaluate": evaluate, "export": export, "predict": predict,
             "list": list_registered, "cluster": cluster, "tfjob": tfjob}
 
 
 def run(name: str, args):
+    storage.forbid_world_writable()
     return COMMANDS[name](args)

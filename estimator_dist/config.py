@@ -42,6 +42,14 @@ class TrainConfig:
     keep_checkpoint_max: int = 5
     seed: int = -1
     export: str = "final"
+    best_metric: str = "loss"
+    higher_is_better: bool = False
+    eval_every_secs: int = 0
+    early_stop: str = ""
+    patience: int = 3
+    min_delta: float = 0.0
+    warm_start_from: str = ""
+    warm_start_vars: str = ".*"
     model_dir: str = ""
     summary_json: str = ""
 
@@ -244,6 +252,7 @@ def validate(config: Config):
         raise UserError(
             f"--eval_every {t.eval_every} and --save_checkpoints_steps {t.save_checkpoints_steps} "
             f"differ; Estimator evaluates after every checkpoint, so give one of them")
+    _validate_workflow(t)
     d = config.distribute
     if d.num_devices < 0:
         raise UserError(f"--num_devices {d.num_devices}: must be >= 0 (0 = auto)")
@@ -255,9 +264,43 @@ def validate(config: Config):
                         f"(1 = apply every batch)")
 
 
+# Metrics where larger is better even without --higher_is_better.
+HIGHER_IS_BETTER = ("accuracy", "auc", "precision", "recall")
+
+
+def higher_is_better(metric: str, flag: bool) -> bool:
+    """Direction of a metric: --higher_is_better, or a known accuracy-like name."""
+    return flag or metric in HIGHER_IS_BETTER
+
+
+def _validate_workflow(t: "TrainConfig"):
+    if t.eval_every_secs < 0:
+        raise UserError(f"--eval_every_secs {t.eval_every_secs}: must be >= 0")
+    if t.eval_every_secs and (t.eval_every or t.save_checkpoints_steps):
+        raise UserError(f"--eval_every_secs {t.eval_every_secs} with --eval_every/"
+                        f"--save_checkpoints_steps: evaluation follows checkpoints, so give "
+                        f"steps or seconds, not both")
+    if t.patience < 1:
+        raise UserError(f"--patience {t.patience}: must be >= 1 (evaluations without improvement)")
+    if t.min_delta < 0:
+        raise UserError(f"--min_delta {t.min_delta}: must be >= 0")
+    if t.warm_start_from and not os.path.exists(t.warm_start_from) and \
+            not os.path.exists(t.warm_start_from + ".index"):
+        raise UserError(f"--warm_start_from {t.warm_start_from}: no such checkpoint or directory")
+    import re
+
+    try:
+        re.compile(t.warm_start_vars)
+    except re.error as e:
+        raise UserError(f"--warm_start_vars {t.warm_start_vars!r}: not a regular expression "
+                        f"({e})") from None
+
+
 def checkpoint_every(config: Config) -> int:
     """Steps between checkpoints (and so between evaluations)."""
     t = config.train
+    if t.eval_every_secs:
+        return 0
     return t.eval_every or t.save_checkpoints_steps or max(1, min(500, t.train_steps))
 
 

@@ -1,12 +1,47 @@
-"""Errors that end a run with a one-line message and a meaningful exit code."""
+"""Errors that end a run with a one-line message and a meaningful exit code.
+
+Codes 1-127 are permanent failures: rerunning the same command fails the same
+way. 128 + N means "killed by signal N" and is what schedulers retry (Kubeflow's
+`restartPolicy: ExitCode` restarts on 128-255): a preempted run exits 143 after
+writing a final checkpoint, and rerunning it resumes from that checkpoint.
+"""
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USER = 2
+EXIT_NON_FINITE = 4
+EXIT_STORAGE = 5
 EXIT_INTERRUPTED = 130
+EXIT_PREEMPTED = 143  # 128 + SIGTERM
 
 
-class UserError(Exception):
+class ReportedError(Exception):
+    """A failure reported as one line on stderr (no traceback) with its own exit code."""
+
+    exit_code = EXIT_INTERNAL
+    label = "error"
+
+
+class UserError(ReportedError):
     """A mistake in what the user asked for: printed as one line, exit code 2."""
 
     exit_code = EXIT_USER
+
+
+class NonFiniteError(ReportedError):
+    """The loss or a gradient became NaN or Inf: training stopped before applying that step."""
+
+    exit_code = EXIT_NON_FINITE
+
+
+class StorageError(ReportedError):
+    """Writing a checkpoint or an export failed (disk full, file too large, read-only)."""
+
+    exit_code = EXIT_STORAGE
+
+
+class Preempted(ReportedError):
+    """SIGTERM during training: a final checkpoint was written; rerun to resume."""
+
+    exit_code = EXIT_PREEMPTED
+    label = "preempted"

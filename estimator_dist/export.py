@@ -5,6 +5,8 @@ from typing import Any, Dict, List, Mapping
 
 import tensorflow as tf
 
+from estimator_dist import checkpoints
+from estimator_dist import storage
 from estimator_dist.errors import UserError
 
 EXPORT_SUBDIR = "export"
@@ -23,17 +25,65 @@ def serving_input_fn(serving_features: Mapping[str, Any]):
     return receiver_fn
 
 
-def _loss_smaller(best_eval_result, current_eval_result):
-    return current_eval_result["loss"] < best_eval_result["loss"]
+def metric_compare(metric: str, higher: bool):
+    """compare_fn for BestExporter: is the current evaluation better on `metric`?
+
+    BestExporter also replays the eval event files with it when a run restarts,
+    so a restarted run never exports a model worse than the best already kept.
+    """
+
+    def is_better(best_eval_result, current_eval_result):
+        for result in (best_eval_result, current_eval_result):
+            if metric not in result:
+                known = ", ".join(sorted(k for k in result if k != "global_step"))
+                raise UserError(f"--best_metric {metric}: not an eval metric of this model; it "
+                                f"reports {known}")
+        best, current = best_eval_result[metric], current_eval_result[metric]
+        return current > best if higher else current < best
+
+    return is_better
 
 
-def make_exporters(mode: str, serving_features, keep: int) -> List[tf.estimator.Exporter]:
-    """Exporters for EvalSpec: latest (every eval), best (lowest eval loss), final (at the end)."""
+class BestExporter(tf.estimator.BestExporter):
+    """BestExporter that stays correct across restarts.
+
+    TF's exports on the first evaluation of every process (`not _has_exported`),
+    so a restarted run exported its first evaluation even when it was worse than
+    the best model already kept (measured). Here the best so far is replayed from
+    the evaluations before this one, and only a better result exports.
+    """
+
+    def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
+        if self._model_dir != estimator.model_dir:
+            self._model_dir = estimator.model_dir
+            earlier = self._best_before(estimator.eval_dir(), int(eval_result["global_step"]))
+            kept = os.path.isdir(export_path) and any(
+                re.fullmatch(r"\d+", name) for name in os.listdir(export_path))
+            self._best_eval_result = earlier
+            self._has_exported = earlier is not None and kept
+        return super().export(estimator, export_path, checkpoint_path, eval_result,
+                              is_the_final_export)
+
+    def _best_before(self, eval_dir: str, step: int):
+        best = None
+        for path in tf.io.gfile.glob(os.path.join(eval_dir, "*.tfevents.*")):
+            for event in tf.compat.v1.train.summary_iterator(path):
+                result = {v.tag: v.simple_value for v in event.summary.value
+                          if v.HasField("simple_value")}
+                if result and event.step < step and (best is None or self._compare_fn(best, result)):
+                    best = result
+        return best
+
+
+def make_exporters(mode: str, serving_features, keep: int, best_metric: str = "loss",
+                   higher: bool = False) -> List[tf.estimator.Exporter]:
+    """Exporters for EvalSpec: latest (every eval), best (by best_metric), final (at the end)."""
     receiver = serving_input_fn(serving_features)
     if mode == "latest":
         return [tf.estimator.LatestExporter("latest", receiver, exports_to_keep=keep)]
     if mode == "best":
-        return [tf.estimator.BestExporter("best", receiver, compare_fn=_loss_smaller,
+        return [BestExporter("best", receiver,
+                                          compare_fn=metric_compare(best_metric, higher),
                                           exports_to_keep=keep)]
     if mode == "final":
         return [tf.estimator.FinalExporter("final", receiver)]
@@ -55,15 +105,21 @@ def as_text(path) -> str:
 
 
 def resolve_checkpoint(model_dir: str, checkpoint: str = "") -> str:
-    """A named checkpoint (path or model.ckpt-N in model_dir) or the latest; refuse if none."""
+    """A named checkpoint (path or model.ckpt-N in model_dir) or the latest, read back whole.
+
+    Refuses when there is none (TensorFlow would silently use random weights) or
+    when it is damaged; an unusable `checkpoint` state file is worked around
+    read-only (checkpoints.find_latest).
+    """
     if checkpoint:
         candidates = [checkpoint, os.path.join(model_dir, checkpoint)]
         for path in candidates:
             if tf.compat.v1.train.checkpoint_exists(path):
+                checkpoints.verify_readable(path)
                 return path
         raise UserError(f"--checkpoint {checkpoint}: no such checkpoint (looked at "
                         f"{', '.join(candidates)}); list the model.ckpt-* files in {model_dir}")
-    latest = tf.train.latest_checkpoint(model_dir)
+    latest = checkpoints.latest_readable(model_dir)
     if not latest:
         raise UserError(f"'{model_dir}' has no checkpoint; train first (estimator-dist train "
                         f"--model_dir {model_dir})")
@@ -72,7 +128,21 @@ def resolve_checkpoint(model_dir: str, checkpoint: str = "") -> str:
 
 def export_saved_model(estimator, serving_features: Dict[str, Any], export_base: str,
                        checkpoint_path: str) -> str:
-    """Export one SavedModel under export_base/<timestamp>; returns its path."""
-    path = estimator.export_saved_model(export_base, serving_input_fn(serving_features),
-                                        checkpoint_path=checkpoint_path)
+    """Export one SavedModel under export_base/<timestamp>; returns its path.
+
+    Refuses a base holding anything but earlier exports (storage.check_export_base).
+    On failure (e.g. disk full) the half-written `temp-<timestamp>` dir is removed
+    and earlier exports stay as they were.
+    """
+    storage.check_export_base(export_base)
+    try:
+        with storage.cleanup_on_failure([export_base]), storage.not_world_writable():
+            path = estimator.export_saved_model(export_base, serving_input_fn(serving_features),
+                                                checkpoint_path=checkpoint_path)
+    except (tf.errors.OpError, OSError) as e:
+        if storage.storage_reason(e) is None:
+            raise
+        raise storage.storage_error(e, f"exporting into {export_base}",
+                                    "earlier exports there are intact, the partial export was "
+                                    "removed") from None
     return as_text(path)

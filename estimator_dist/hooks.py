@@ -37,7 +37,9 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
     """
 
     def __init__(self, global_batch: int, max_steps: int, every_n: int = 100, emit=print,
-                 runs_per_step: int = 1):
+                 runs_per_step: int = 1, bar_stream=None):
+        self._bar = bar_stream  # a terminal: redraw one progress bar instead of printing lines
+        self._last_draw = 0.0
         self._batch = global_batch
         self._max_steps = max_steps
         self._every_n = max(1, every_n)
@@ -54,6 +56,15 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         graph = tf.compat.v1.get_default_graph()
         self._global_step = tf.compat.v1.train.get_global_step()
         self._loss = find_reported_loss(graph)
+        # TensorBoard's `examples_per_sec`: the GLOBAL rate of the last progress window
+        # (Estimator's global_step/sec counts steps). Fed on every run, written when
+        # Estimator's summary saver runs; nothing is written before a rate is known.
+        self._rate = 0.0
+        self._rate_feed = tf.compat.v1.placeholder_with_default(0.0, [], name="examples_per_sec")
+        rate_summary = tf.compat.v1.summary.scalar("examples_per_sec", self._rate_feed,
+                                                   collections=[])
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SUMMARIES,
+                                       tf.where(self._rate_feed > 0, rate_summary, ""))
         self._started = None
         self._window = []
         self._runs = 0
@@ -66,7 +77,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         fetches = {"step": self._global_step}
         if self._loss is not None:
             fetches["loss"] = self._loss
-        return tf.compat.v1.train.SessionRunArgs(fetches)
+        return tf.compat.v1.train.SessionRunArgs(fetches, feed_dict={self._rate_feed: self._rate})
 
     def after_run(self, run_context, run_values):
         duration = time.perf_counter() - self._started
@@ -81,7 +92,13 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
             step = int(run_context.session.run(self._global_step))
         else:
             step = int(run_values.results["step"]) + 1
+        if self._bar is not None:
+            self._draw(step, run_values.results.get("loss"))
         if step % self._every_n and step < self._max_steps:
+            return
+        self._rate = steady_rate(self._window, self._batch, warmup=0) or self._rate
+        if self._bar is not None:
+            self._window = []
             return
         loss = run_values.results.get("loss")
         text = f"step {step}/{self._max_steps}"
@@ -89,5 +106,27 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
             self.losses.append((step, float(loss)))
             text += f"  loss {float(loss):.4f}"
         rate = steady_rate(self._window, self._batch, warmup=0)
-        self._emit(f"{text}  {rate:,.0f} examples/sec")
+        self._emit(f"{text}  {rate:,.0f} examples/sec  ETA {self._eta(step, rate)}")
         self._window = []
+
+    def _eta(self, step: int, rate) -> str:
+        if not rate:
+            return "?"
+        seconds = int((self._max_steps - step) * self._batch * self._runs_per_step / rate)
+        return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+    def _draw(self, step: int, loss):
+        now = time.perf_counter()
+        done = step >= self._max_steps
+        if not done and now - self._last_draw < 0.2:
+            return
+        self._last_draw = now
+        rate = steady_rate(self._window[-50:] or self.durations[-50:], self._batch, warmup=0)
+        width = 30
+        filled = int(width * min(step, self._max_steps) / max(self._max_steps, 1))
+        loss_text = f"  loss {float(loss):.4f}" if loss is not None else ""
+        self._bar.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {step}/{self._max_steps}"
+                        f"{loss_text}  {rate or 0:,.0f} examples/sec  ETA {self._eta(step, rate)} ")
+        if done:
+            self._bar.write("\n")
+        self._bar.flush()

@@ -23,12 +23,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from estimator_dist.errors import EXIT_USER, UserError
+from estimator_dist.errors import EXIT_NON_FINITE, EXIT_STORAGE, EXIT_USER, UserError
 
 LOOPBACK = "127.0.0.1"
 EXIT_CLUSTER_FAILED = 3
 STOP_GRACE_SECONDS = 10.0
 POLL_SECONDS = 0.2
+# A restart would only repeat these: a user error, a NaN/Inf step, a full disk.
+PERMANENT = (EXIT_USER, EXIT_NON_FINITE, EXIT_STORAGE)
 
 
 def free_ports(n: int) -> List[int]:
@@ -129,9 +131,16 @@ class Supervisor:
                  + (f" on {LOOPBACK}:{task.port}" if task.port and task.role != "evaluator" else ""))
 
     def stop(self, task: Task):
-        """SIGTERM, then SIGKILL after a grace period; by PID, never by name."""
+        """SIGTERM, then SIGKILL after a grace period; by PID, never by name.
+
+        A ps task only serves variables (checkpoints are the chief's): it is killed at once.
+        """
         proc = task.process
         if proc is None or proc.poll() is not None:
+            return
+        if task.role == "ps":
+            proc.kill()
+            proc.wait()
             return
         proc.send_signal(signal.SIGTERM)
         try:
@@ -141,8 +150,14 @@ class Supervisor:
             proc.wait()
 
     def stop_all(self):
-        for task in self.tasks:
-            self.stop(task)
+        # A second Ctrl-C or SIGTERM must not cut the clean-up short and orphan tasks.
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for task in self.tasks:
+                self.stop(task)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         for task in self.tasks:
             if task.reader:
                 task.reader.join(timeout=2)
@@ -203,14 +218,14 @@ class Supervisor:
                     if task.role == "chief":
                         if code == 0:
                             return self._finish(task)
-                        if code == EXIT_USER:
+                        if code in PERMANENT:
                             self.stop_all()
                             return code
                         self._restart(task, code)
                         break
                     if code == 0 and task.role in ("worker", "evaluator"):
                         continue  # finished its part
-                    if code == EXIT_USER:
+                    if code in PERMANENT:
                         self.stop_all()
                         return code
                     if code != 0:

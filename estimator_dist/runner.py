@@ -4,10 +4,13 @@
 split, the input's data) before anything is written, so bad input leaves
 model_dir untouched.
 """
+import functools
 import glob
 import importlib
+import inspect
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
@@ -17,7 +20,10 @@ import tensorflow as tf
 from estimator_dist import cluster as cluster_lib
 from estimator_dist import config as config_lib
 from estimator_dist import devices as devices_lib
+from estimator_dist import early_stopping
+from estimator_dist import evaluator as evaluator_lib
 from estimator_dist import export as export_lib
+from estimator_dist import guards
 from estimator_dist import strategies
 from estimator_dist import towers
 from estimator_dist.errors import UserError
@@ -133,8 +139,8 @@ def build_run_config(p: Plan, strategy) -> tf.estimator.RunConfig:
     return tf.estimator.RunConfig(
         model_dir=p.model_dir,
         tf_random_seed=t.seed if t.seed >= 0 else None,
-        save_checkpoints_steps=config_lib.checkpoint_every(p.config),
-        save_checkpoints_secs=None,
+        save_checkpoints_steps=config_lib.checkpoint_every(p.config) or None,
+        save_checkpoints_secs=t.eval_every_secs or None,
         keep_checkpoint_max=t.keep_checkpoint_max,
         log_step_count_steps=None,
         save_summary_steps=log_every(t.train_steps),
@@ -147,18 +153,51 @@ def build_run_config(p: Plan, strategy) -> tf.estimator.RunConfig:
 def build_model_fn(p: Plan):
     """The registered model_fn, wrapped into towers and/or gradient accumulation if asked."""
     d = p.config.distribute
+    model_fn = seeded(p.model.fn, p.config.train.seed)
     if d.strategy != "tower" and d.accumulate_steps == 1:
-        return p.model.fn
+        return model_fn
     tower_devices = p.devices.names if d.strategy == "tower" else ()
     return towers.tower_model_fn(
-        p.model.fn, p.model.name, devices=tower_devices,
+        model_fn, p.model.name, devices=tower_devices,
         variable_device=strategies.variable_device(d.strategy, d.variable_device, p.devices),
         accumulate_steps=d.accumulate_steps)
 
 
-def build_estimator(p: Plan, run_config) -> tf.estimator.Estimator:
+def seeded(model_fn, seed: int):
+    """With --seed, every graph build starts from the same Python/NumPy/TF seeds.
+
+    RunConfig's tf_random_seed alone does not fix Keras initialisers, which draw
+    their op seeds from Python's `random`: two seeded runs then start from
+    different weights (measured).
+    """
+    if seed < 0:
+        return model_fn
+
+    @functools.wraps(model_fn)
+    def wrapper(*args, **kwargs):
+        tf.keras.utils.set_random_seed(seed)
+        return model_fn(*args, **kwargs)
+
+    wrapper.__signature__ = inspect.signature(model_fn)
+    return wrapper
+
+
+def warm_start_settings(p: Plan):
+    """--warm_start_from: a checkpoint, or a model_dir's latest; used only by a new run."""
+    source = p.config.train.warm_start_from
+    if not source:
+        return None
+    if os.path.isdir(source):
+        latest = tf.train.latest_checkpoint(source)
+        if not latest:
+            raise UserError(f"--warm_start_from {source}: the directory holds no checkpoint")
+        source = latest
+    return tf.estimator.WarmStartSettings(source, vars_to_warm_start=p.config.train.warm_start_vars)
+
+
+def build_estimator(p: Plan, run_config, warm_start=None) -> tf.estimator.Estimator:
     return tf.estimator.Estimator(model_fn=build_model_fn(p), config=run_config,
-                                  params=p.params())
+                                  params=p.params(), warm_start_from=warm_start)
 
 
 def make_input_fn(p: Plan, mode):
@@ -177,16 +216,29 @@ def _takes_context(fn) -> bool:
     return "input_context" in inspect.signature(fn).parameters
 
 
-def build_specs(p: Plan, progress: ProgressHook):
+def build_specs(p: Plan, hooks):
     t = p.config.train
     train_spec = tf.estimator.TrainSpec(
-        make_input_fn(p, tf.estimator.ModeKeys.TRAIN), max_steps=t.train_steps, hooks=[progress])
+        make_input_fn(p, tf.estimator.ModeKeys.TRAIN), max_steps=t.train_steps, hooks=hooks)
     eval_spec = tf.estimator.EvalSpec(
         make_input_fn(p, tf.estimator.ModeKeys.EVAL), steps=t.eval_steps or None,
-        exporters=export_lib.make_exporters(t.export, p.input_meta["serving_features"],
-                                            t.keep_checkpoint_max),
-        start_delay_secs=0, throttle_secs=0)
+        exporters=export_lib.make_exporters(
+            t.export, p.input_meta["serving_features"], t.keep_checkpoint_max, t.best_metric,
+            config_lib.higher_is_better(t.best_metric, t.higher_is_better)),
+        start_delay_secs=0, throttle_secs=t.eval_every_secs)
     return train_spec, eval_spec
+
+
+def training_hooks(p: Plan, estimator, progress: ProgressHook, say):
+    """The progress hook, plus early stopping when asked (every task runs it)."""
+    hooks = [progress]
+    t = p.config.train
+    if t.early_stop and p.role != "evaluator":
+        hooks.append(early_stopping.make_hook(
+            estimator, t.early_stop, config_lib.higher_is_better(t.early_stop, t.higher_is_better),
+            t.patience, t.min_delta, every_steps=config_lib.checkpoint_every(p.config) or
+            log_every(t.train_steps), say=say))
+    return hooks
 
 
 def checkpoint_step(model_dir: str) -> Optional[int]:
@@ -266,6 +318,30 @@ def export_from_chief(p: Plan) -> str:
                                          tf.train.latest_checkpoint(p.model_dir))
 
 
+def rotated_away(error: Exception) -> bool:
+    """The evaluator lost the race with keep_checkpoint_max: its checkpoint was deleted."""
+    return isinstance(error, tf.errors.NotFoundError) or (
+        isinstance(error, ValueError) and "not a valid checkpoint" in str(error))
+
+
+def train_and_evaluate(p: Plan, estimator, train_spec, eval_spec, say):
+    """tf.estimator.train_and_evaluate; an evaluator outpaced by checkpoint rotation retries.
+
+    In a cluster the chief may delete the checkpoint the evaluator is about to
+    restore (keep_checkpoint_max); the evaluator then simply moves on to the newest.
+    """
+    while True:
+        try:
+            if p.role == "evaluator":
+                return evaluator_lib.run(estimator, train_spec, eval_spec, say)
+            return tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
+        except (ValueError, tf.errors.NotFoundError) as e:
+            if p.role != "evaluator" or not rotated_away(e):
+                raise
+            say("the checkpoint under evaluation was deleted by checkpoint rotation; "
+                "evaluating the newest one")
+
+
 def reports_summary(p: Plan) -> bool:
     """The task that holds the final metrics and exports writes --summary_json."""
     if p.role == "local" or p.role == "evaluator":
@@ -280,23 +356,36 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
         cluster_lib.apply(p.cluster)
     say = out if p.role in ("local", "chief", "evaluator") else silent
     say(describe(p))
+    if p.writes_run_files:  # before anything is written: refuse a damaged or mismatched checkpoint
+        guards.check_resume(p.model_dir, build_model_fn(p),
+                            make_input_fn(p, tf.estimator.ModeKeys.TRAIN), p.params(), say=out)
     start_step = checkpoint_step(p.model_dir)
     if start_step is not None and p.writes_run_files:
         out(f"resuming from the checkpoint at step {start_step} in {p.model_dir}")
     if p.writes_run_files:
         save_run_files(p)
+        evaluator_lib.clear_end(p.model_dir)
     # The evaluator runs without a strategy: MultiWorkerMirrored cannot be copied
     # into the evaluator's RunConfig and evaluation needs no replicas.
     strategy = None if p.role == "evaluator" else strategies.make(config.distribute.strategy,
                                                                  p.devices)
-    estimator = build_estimator(p, build_run_config(p, strategy))
+    warm_start = warm_start_settings(p)
+    if warm_start and start_step is None and p.writes_run_files:
+        out(f"warm-starting variables matching {config.train.warm_start_vars!r} from "
+            f"{warm_start.ckpt_to_initialize_from}")
+    estimator = build_estimator(p, build_run_config(p, strategy), warm_start)
     progress = ProgressHook(p.global_batch, config.train.train_steps,
                             every_n=log_every(config.train.train_steps),
                             emit=out if p.writes_run_files else silent,
-                            runs_per_step=config.distribute.accumulate_steps)
-    train_spec, eval_spec = build_specs(p, progress)
+                            runs_per_step=config.distribute.accumulate_steps,
+                            bar_stream=sys.stdout if out is print and sys.stdout.isatty()
+                            and p.writes_run_files else None)
+    train_spec, eval_spec = build_specs(p, training_hooks(p, estimator, progress, say))
     started = time.perf_counter()
-    result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
+    with guards.TrainingGuard(p.model_dir, config.distribute.accumulate_steps, p.role) as guard:
+        result = train_and_evaluate(p, estimator, guard.attach(train_spec), eval_spec, say)
+    if p.role == "chief":
+        evaluator_lib.mark_end(p.model_dir, checkpoint_step(p.model_dir))
     metrics = {k: plain(v) for k, v in (result[0] if result else {}).items()}
     if p.role == "evaluator":
         metrics = final_eval_metrics(p.model_dir)

@@ -309,7 +309,8 @@ def _train_spec(towers: List[Tower], sizes, devices, variable_device, accumulate
             optimizer = train_op_lib.make_optimizer(first.params)
             deps = first.update_ops + [first.spec.train_op]
             train_op, hooks = accumulate.build_train_op(
-                optimizer, list(zip(grads, var_list)), tf.reduce_sum(sizes), accumulate_steps, deps)
+                optimizer, list(zip(grads, var_list)), tf.reduce_sum(sizes), accumulate_steps, deps,
+                loss=loss)
     return first.spec._replace(loss=loss, train_op=train_op,
                                training_hooks=list(first.spec.training_hooks) + hooks)
 

@@ -8,6 +8,7 @@ import math
 
 import tensorflow as tf
 
+from estimator_dist import numerics
 from estimator_dist.errors import UserError
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop")
@@ -94,13 +95,18 @@ def minimize(loss, params, update_ops=None, var_list=None):
       update_ops: extra ops to run each step, e.g. `model.updates` of Keras layers.
       var_list: variables to train (default: all trainable).
     Returns:
-      The train op; it steps the global step. Under `--strategy tower` or
-      `--accumulate_steps K > 1` the run's wrapper takes the loss over instead
-      and returns a placeholder op: return it as the EstimatorSpec's train_op.
+      The train op; it steps the global step. Its session run fails, changing
+      no variable, when the loss or a gradient is NaN or Inf (numerics.py).
+      Under `--strategy tower` or `--accumulate_steps K > 1` the run's wrapper
+      takes the loss over instead and returns a placeholder op: return it as
+      the EstimatorSpec's train_op.
     """
     if _HANDLERS:
         return _HANDLERS[-1](loss, params, update_ops, var_list)
     optimizer = make_optimizer(params)
     global_step = tf.compat.v1.train.get_or_create_global_step()
     with tf.control_dependencies(collect_update_ops(update_ops)):
-        return optimizer.minimize(loss, global_step=global_step, var_list=var_list)
+        grads_and_vars = optimizer.compute_gradients(loss, var_list=var_list)
+        # optimizer.minimize() without the guard would apply NaN/Inf gradients.
+        return optimizer.apply_gradients(numerics.guard(loss, grads_and_vars),
+                                         global_step=global_step)

@@ -28,7 +28,7 @@ def build_network(filters: int, dense_units: int, dropout: float, num_classes: i
              "learning_rate": 0.05, "momentum": 0.9, "lr_schedule": "cosine",
              "weight_decay": 0.0},
     default_input="digits",
-    run_defaults={"batch_size": 64, "train_steps": 1500, "save_checkpoints_steps": 500},
+    run_defaults={"batch_size": 64, "train_steps": 1500},
 )
 def digits_model(features, labels, mode, params):
     """Conv-BN-ReLU x2, max-pool, dense, softmax over 10 digits."""

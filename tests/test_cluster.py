@@ -221,3 +221,18 @@ def test_each_worker_reads_its_own_shard(tmp_path, monkeypatch):
     assert run.wait() == 0, run.text
     shards = sorted(name.split("-", 1)[1] for name in os.listdir(probe))
     assert shards == ["0-of-2", "1-of-2"], shards
+
+
+def test_early_stop_in_a_cluster_stops_every_task_and_exports(tmp_path):
+    """The chief decides on the evaluator's results; workers stop; the evaluator sees the
+    end marker, evaluates the last checkpoint and runs the final export."""
+    model_dir = str(tmp_path / "run")
+    run = Run(["--workers", "2", "--ps", "1", "--evaluator", "--strategy", "parameter_server",
+               "--train_steps", "20000", "--eval_every", "20", "--early_stop", "loss",
+               "--patience", "2", "--min_delta", "0.01", "--set", "learning_rate=0.0",
+               "--export", "final", "--max_restarts", "0", "--model_dir", model_dir] + TRAIN,
+              timeout=400)
+    assert run.wait() == 0, run.text
+    assert "[chief:0] early stop at step" in run.text
+    assert "[evaluator:0] training ended at step" in run.text
+    assert checkpoint_steps(model_dir)[-1] < 20000 and final_export(model_dir), run.text

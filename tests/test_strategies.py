@@ -11,14 +11,23 @@ CPU1 = devices_lib.Devices(("/cpu:0",), "CPU")
 
 
 def test_names():
-    assert strategies.names() == ["central_storage", "mirrored", "none", "one_device", "tower"]
+    assert strategies.names() == ["central_storage", "mirrored", "multi_worker_mirrored", "none",
+                                  "one_device", "parameter_server", "tower"]
 
 
 def test_unknown_strategy_lists_valid():
     with pytest.raises(UserError) as e:
         strategies.make("mirored", CPU2)
     assert str(e.value) == ("--strategy mirored: unknown; choose one of central_storage, "
-                            "mirrored, none, one_device, tower; did you mean 'mirrored'?")
+                            "mirrored, multi_worker_mirrored, none, one_device, parameter_server, "
+                            "tower; did you mean 'mirrored'?")
+
+
+def test_cluster_strategies_count_every_worker():
+    assert strategies.num_replicas("multi_worker_mirrored", CPU1, workers=3) == 3
+    assert strategies.per_replica_batch("parameter_server", 96, CPU1, workers=3) == 32
+    with pytest.raises(UserError, match="runs one replica per CPU worker"):
+        strategies.check_devices("multi_worker_mirrored", CPU2)
 
 
 def test_factory_builds_real_strategies():

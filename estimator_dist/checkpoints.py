@@ -1,0 +1,232 @@
+"""Checkpoint guards: never a silent restart from step 0, never a silent bad restore.
+
+TF 2.15 fails silently here (measured): a garbage `checkpoint` state file, or
+none at all next to model.ckpt-N files, makes training restart from step 0 (an
+empty one raises a bare ValueError); a variable whose shape changed restores
+without error; a variable removed from the model is silently dropped. These
+checks run before the first training step and before anything is written.
+"""
+import inspect
+import os
+import re
+import shutil
+from typing import Callable, Dict, List, Mapping, Optional
+
+import tensorflow as tf
+
+from estimator_dist.errors import UserError
+
+STATE_FILE = "checkpoint"
+PREFIX = "model.ckpt"
+INDEX_RE = re.compile(r"^model\.ckpt-(\d+)\.index$")
+SHARD_RE = re.compile(r"\.data-(\d+)-of-(\d+)$")
+TEMP_RE = re.compile(r"^model\.ckpt-\d+_temp$")
+# Optimizer slots and bookkeeping left in a checkpoint by another optimizer: the
+# model graph does not restore them and losing them loses nothing trained.
+SLOT_SUFFIXES = ("/Momentum", "/Adam", "/Adam_1", "/RMSProp", "/RMSProp_1", "/Adagrad")
+SLOT_NAMES = ("beta1_power", "beta2_power")
+SHOWN = 6  # names listed in one error line before "and N more"
+
+
+def complete_checkpoints(model_dir: str) -> Dict[int, str]:
+    """step -> prefix of every model.ckpt-N whose index and every data shard exist."""
+    if not os.path.isdir(model_dir):
+        return {}
+    names = set(os.listdir(model_dir))
+    found = {}
+    for name in names:
+        m = INDEX_RE.match(name)
+        if not m:
+            continue
+        prefix = name[: -len(".index")]
+        shards = [SHARD_RE.search(n) for n in names if n.startswith(prefix + ".data-")]
+        counts = {int(s.group(2)) for s in shards if s}
+        if len(counts) == 1 and len([s for s in shards if s]) == counts.pop():
+            found[int(m.group(1))] = os.path.join(model_dir, prefix)
+    return found
+
+
+def step_of(prefix: str) -> int:
+    return int(prefix.rsplit("-", 1)[1])
+
+
+def _state_checkpoint(model_dir: str):
+    """(state file usable, the checkpoint it names if that checkpoint exists)."""
+    try:
+        state = tf.train.get_checkpoint_state(model_dir)
+    except Exception:  # noqa: BLE001 - an empty file is a ValueError, others a ParseError
+        return False, None
+    if state is None or not state.model_checkpoint_path:
+        return False, None
+    path = state.model_checkpoint_path
+    if not os.path.isabs(path):
+        path = os.path.join(model_dir, path)
+    return True, path if tf.compat.v1.train.checkpoint_exists(path) else None
+
+
+def find_latest(model_dir: str):
+    """(latest checkpoint prefix or None, why the state file could not say so or None).
+
+    Read-only: the state file's checkpoint when it names one that exists, else
+    the newest complete model.ckpt-N present.
+    """
+    state_path = os.path.join(model_dir, STATE_FILE)
+    present = complete_checkpoints(model_dir)
+    if os.path.exists(state_path):
+        usable, latest = _state_checkpoint(model_dir)
+        if latest:
+            return latest, None
+        problem = "unreadable or empty" if not usable else "naming a checkpoint that does not exist"
+        if not present:
+            raise UserError(f"{state_path} is {problem} and {model_dir} holds no complete "
+                            f"model.ckpt-N files to recover from; restore the checkpoint files, "
+                            f"or delete {state_path} to start from step 0 on purpose")
+    elif not present:
+        return None, None
+    else:
+        problem = "missing"
+    return present[max(present)], f"the checkpoint state file {state_path} was {problem}"
+
+
+def write_state(model_dir: str, latest: str, steps: List[int]):
+    """Write the `checkpoint` state file (relative paths, as Estimator does), atomically."""
+    lines = [f'model_checkpoint_path: "{os.path.basename(latest)}"']
+    lines += [f'all_model_checkpoint_paths: "{PREFIX}-{s}"' for s in sorted(steps)]
+    path = os.path.join(model_dir, STATE_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+def remove_stale_temp(model_dir: str) -> List[str]:
+    """Delete model.ckpt-N_temp dirs left by a save that was killed (kill -9, disk full)."""
+    removed = []
+    if os.path.isdir(model_dir):
+        for name in sorted(os.listdir(model_dir)):
+            if TEMP_RE.match(name) and os.path.isdir(os.path.join(model_dir, name)):
+                shutil.rmtree(os.path.join(model_dir, name), ignore_errors=True)
+                removed.append(name)
+    return removed
+
+
+def _first_line(error: BaseException) -> str:
+    text = (getattr(error, "message", None) or str(error)).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+def verify_readable(prefix: str) -> Dict[str, List[int]]:
+    """Read every tensor (checksums included) of a checkpoint; UserError naming the damaged file.
+
+    Returns {variable name: shape}.
+    """
+    step = prefix.rsplit("-", 1)[-1]
+    hint = (f"move {prefix}.* away to resume from an older checkpoint (training never "
+            f"silently starts over)")
+    try:
+        reader = tf.compat.v1.train.NewCheckpointReader(prefix)
+        shapes = reader.get_variable_to_shape_map()
+    except Exception as e:  # noqa: BLE001 - DataLossError, NotFoundError, ...
+        raise UserError(f"checkpoint {prefix}.index (step {step}) is damaged or truncated "
+                        f"({_first_line(e)}); {hint}") from None
+    for name in sorted(shapes):
+        try:
+            reader.get_tensor(name)
+        except Exception as e:  # noqa: BLE001
+            data = sorted(n for n in os.listdir(os.path.dirname(prefix) or ".")
+                          if n.startswith(os.path.basename(prefix) + ".data-"))
+            files = ", ".join(os.path.join(os.path.dirname(prefix), n) for n in data)
+            raise UserError(f"checkpoint {files or prefix} (step {step}) is damaged or truncated: "
+                            f"reading '{name}' failed ({_first_line(e)}); {hint}") from None
+    return {k: list(v) for k, v in shapes.items()}
+
+
+def _is_slot(name: str) -> bool:
+    return name in SLOT_NAMES or name.endswith(SLOT_SUFFIXES)
+
+
+def _names(names: List[str]) -> str:
+    shown = ", ".join(f"'{n}'" for n in names[:SHOWN])
+    return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+
+
+def compare(model: Mapping[str, List[int]], checkpoint: Mapping[str, List[int]]) -> List[str]:
+    """Differences between the model's variables and a checkpoint's, one phrase each."""
+    problems = [f"'{n}' is {list(checkpoint[n])} in the checkpoint but {list(model[n])} in the model"
+                for n in sorted(set(model) & set(checkpoint))
+                if list(model[n]) != list(checkpoint[n])]
+    missing = sorted(set(model) - set(checkpoint))
+    extra = sorted(n for n in set(checkpoint) - set(model) if not _is_slot(n))
+    if missing:
+        problems.append(f"the model has {_names(missing)} that the checkpoint lacks")
+    if extra:
+        problems.append(f"the checkpoint has {_names(extra)} that the model lacks")
+    return problems
+
+
+def check_matches(model: Mapping[str, List[int]], checkpoint: Mapping[str, List[int]],
+                  prefix: str):
+    """UserError before any training step when the checkpoint does not fit the model."""
+    problems = compare(model, checkpoint)
+    if problems:
+        raise UserError(f"checkpoint {prefix} does not match the model: {'; '.join(problems)}; "
+                        f"use the hparams it was trained with (see "
+                        f"{os.path.join(os.path.dirname(prefix), 'config.yaml')}), or train into a "
+                        f"new --model_dir (--warm_start_from {prefix} --warm_start_vars REGEX "
+                        f"takes over the variables that still fit)")
+
+
+def model_variables(model_fn, input_fn, params, run_config=None) -> Dict[str, List[int]]:
+    """{name: shape} of the variables a TRAIN graph of model_fn saves, built in a scratch graph.
+
+    No session runs: only the graph is built, as Estimator builds it (global
+    step first, then input_fn, then model_fn with the arguments it takes).
+    """
+    with tf.Graph().as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        result = input_fn()
+        if isinstance(result, tf.data.Dataset):
+            result = tf.compat.v1.data.make_initializable_iterator(result).get_next()
+        features, labels = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
+        takes = set(inspect.signature(model_fn).parameters)
+        given = {"features": features, "labels": labels, "mode": tf.estimator.ModeKeys.TRAIN,
+                 "params": params, "config": run_config or tf.estimator.RunConfig()}
+        model_fn(**{k: v for k, v in given.items() if k in takes})
+        return {v.op.name: v.shape.as_list() for v in tf.compat.v1.global_variables()}
+
+
+def check_resume(model_dir: str, variables: Callable[[], Mapping[str, List[int]]],
+                 say=print, repair: bool = True) -> Optional[str]:
+    """Before training: the checkpoint it will resume from, checked; None for a fresh start.
+
+    A garbage, empty, dangling or missing state file next to complete
+    model.ckpt-N files is rewritten (when `repair`, i.e. on the chief) to name
+    the newest of them; with none to name it refuses. The checkpoint must read
+    back whole and match `variables()` (the model's {name: shape}). Any refusal
+    happens before the state file or anything else is written.
+    """
+    latest, problem = find_latest(model_dir)
+    if latest is None:
+        return None
+    checkpoint = verify_readable(latest)
+    check_matches(variables(), checkpoint, latest)
+    if problem and repair:
+        write_state(model_dir, latest, sorted(complete_checkpoints(model_dir)))
+        say(f"{problem}; rewrote it to resume from {os.path.basename(latest)}, the newest complete "
+            f"checkpoint present")
+    if repair:
+        for name in remove_stale_temp(model_dir):
+            say(f"removed {os.path.join(model_dir, name)}, left by an interrupted checkpoint save")
+    return latest
+
+
+def latest_readable(model_dir: str) -> Optional[str]:
+    """For evaluate/export: the latest checkpoint, verified whole; None if there is none.
+
+    Read-only: an unusable state file is worked around (the newest complete
+    model.ckpt-N is used), never rewritten.
+    """
+    latest, _ = find_latest(model_dir)
+    if latest is not None:
+        verify_readable(latest)
+    return latest

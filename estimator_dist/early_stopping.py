@@ -1,0 +1,77 @@
+"""Early stopping on an eval metric with patience, in local and cluster runs.
+
+The decision reads the evaluations Estimator wrote to model_dir/eval. Estimator's
+own hooks carry it to every task: under parameter-server training the chief
+decides and the workers poll its stop flag; under MultiWorkerMirrored every worker
+votes into a summed variable so all stop at the same step.
+
+The hooks are chosen here rather than by tf.estimator.experimental.
+make_early_stopping_hook: it tests a generator's truthiness, so it hands EVERY
+strategy the MultiWorkerMirrored hook, which crashes under ParameterServerStrategy
+("Argument `fetch` = None", measured in TF 2.15).
+"""
+import tensorflow as tf
+
+from tensorflow_estimator.python.estimator import early_stopping as tf_early_stopping
+from tensorflow_estimator.python.estimator.early_stopping import read_eval_metrics
+
+from estimator_dist.errors import UserError
+
+
+def improvements(values, higher: bool, min_delta: float):
+    """For each evaluation, whether it beat the best so far by more than min_delta."""
+    best = None
+    flags = []
+    for value in values:
+        better = best is None or (value > best + min_delta if higher else value < best - min_delta)
+        flags.append(better)
+        if better:
+            best = value
+    return flags
+
+
+def evaluations_without_improvement(values, higher: bool, min_delta: float) -> int:
+    flags = improvements(values, higher, min_delta)
+    count = 0
+    for better in reversed(flags):
+        if better:
+            break
+        count += 1
+    return count
+
+
+def make_should_stop(eval_dir: str, metric: str, higher: bool, patience: int,
+                     min_delta: float, say=print):
+    """A should_stop_fn for tf.estimator.experimental.make_early_stopping_hook."""
+
+    def should_stop() -> bool:
+        results = read_eval_metrics(eval_dir)
+        if not results:
+            return False
+        if any(metric not in m for m in results.values()):
+            known = sorted(k for k in next(iter(results.values())) if k != "global_step")
+            raise UserError(f"--early_stop {metric}: not an eval metric of this model; it "
+                            f"reports {', '.join(known)}")
+        steps = sorted(results)
+        values = [float(results[s][metric]) for s in steps]
+        stale = evaluations_without_improvement(values, higher, min_delta)
+        if stale >= patience:
+            say(f"early stop at step {steps[-1]}: {metric} has not improved by more than "
+                f"{min_delta} for {stale} evaluations")
+            return True
+        return False
+
+    return should_stop
+
+
+def make_hook(estimator, metric: str, higher: bool, patience: int, min_delta: float,
+              every_steps: int, say=print):
+    """The early-stopping hook for this task."""
+    should_stop = make_should_stop(estimator.eval_dir(), metric, higher, patience, min_delta, say)
+    every_steps = max(1, every_steps)
+    strategy = estimator.config.train_distribute
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return tf_early_stopping._MultiWorkerEarlyStoppingHook(should_stop, every_steps)  # pylint: disable=protected-access
+    if estimator.config.is_chief:
+        return tf_early_stopping._StopOnPredicateHook(should_stop, None, every_steps)  # pylint: disable=protected-access
+    return tf_early_stopping._CheckForStoppingHook()  # pylint: disable=protected-access

@@ -1,0 +1,75 @@
+"""The evaluator task of a cluster, and the chief's "training ended" marker.
+
+Estimator's evaluator loops until it has evaluated a checkpoint at max_steps. A
+run that stops early (early stopping) never writes one, so the evaluator would
+wait forever and the final export would never run (in a TFJob, the job would
+never finish). The chief therefore writes model_dir/training_end.json when its
+training ends; the evaluator stops its loop when it sees the marker, then
+evaluates the final checkpoint and runs the exporters as the final export.
+"""
+import json
+import os
+import time
+
+import tensorflow as tf
+from tensorflow_estimator.python.estimator import training as tf_training
+
+END_MARKER = "training_end.json"
+
+
+def marker_path(model_dir: str) -> str:
+    return os.path.join(model_dir, END_MARKER)
+
+
+def clear_end(model_dir: str):
+    """The chief, starting (or resuming): no stale marker may end the new run's evaluation."""
+    try:
+        os.remove(marker_path(model_dir))
+    except FileNotFoundError:
+        pass
+
+
+def mark_end(model_dir: str, global_step: int):
+    """The chief, after training: tell the evaluator which checkpoint is the last."""
+    path = marker_path(model_dir)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"global_step": global_step}, f)
+    os.replace(path + ".tmp", path)
+
+
+class StopWhenTrainingEnded(tf_training._ContinuousEvalListener):  # pylint: disable=protected-access
+    """Ends Estimator's evaluation loop once the chief has marked the end of training."""
+
+    def __init__(self, model_dir: str):
+        self._path = marker_path(model_dir)
+        self._since = time.time() - 1.0
+
+    def ended(self) -> bool:
+        return os.path.exists(self._path) and os.path.getmtime(self._path) >= self._since
+
+    def before_eval(self) -> bool:
+        return not self.ended()
+
+
+def final_evaluation(estimator, eval_spec, say):
+    """Evaluate the last checkpoint and run every exporter as the final export."""
+    checkpoint = estimator.latest_checkpoint()
+    metrics = estimator.evaluate(eval_spec.input_fn, steps=eval_spec.steps,
+                                 checkpoint_path=checkpoint, name=eval_spec.name,
+                                 hooks=eval_spec.hooks)
+    for exporter in eval_spec.exporters:
+        base = os.path.join(tf.compat.as_str_any(estimator.model_dir), "export", exporter.name)
+        exporter.export(estimator, base, checkpoint, metrics, is_the_final_export=True)
+    say(f"training ended at step {metrics['global_step']}: evaluated and exported the last "
+        f"checkpoint")
+    return metrics
+
+
+def run(estimator, train_spec, eval_spec, say):
+    """The evaluator task: evaluate each new checkpoint until training ends, however it ends."""
+    listener = StopWhenTrainingEnded(tf.compat.as_str_any(estimator.model_dir))
+    executor = tf_training._TrainingExecutor(  # pylint: disable=protected-access
+        estimator, train_spec, eval_spec, continuous_eval_listener=listener)
+    executor.run()
+    if listener.ended():
+        final_evaluation(estimator, eval_spec, say)

@@ -1,0 +1,143 @@
+"""Guard rails around one training run: the runner's single entry to them.
+
+- before: `check_resume` (checkpoints.py) refuses a checkpoint that is damaged
+  or does not match the model and repairs a broken state file, before anything
+  is written;
+- during: `TrainingGuard` adds GuardHook to the TrainSpec, turns SIGTERM into a
+  final checkpoint (preemption.py), makes a failed checkpoint save an error
+  (storage.py), never creates world-writable files;
+- after a failure: removes the temp files the run left and turns TensorFlow's
+  errors into one-line ReportedErrors: NonFiniteError naming the step
+  (numerics.py), StorageError naming the file.
+"""
+import contextlib
+from typing import List, Optional
+
+import tensorflow as tf
+
+from estimator_dist import checkpoints
+from estimator_dist import numerics
+from estimator_dist import preemption
+from estimator_dist import storage
+from estimator_dist.errors import ReportedError
+
+
+class GuardHook(tf.compat.v1.train.SessionRunHook):
+    """Knows the global step; on a stop request saves a final checkpoint and raises Preempted.
+
+    Steps are counted from the restored global step, one per `runs_per_step`
+    session runs (--accumulate_steps; see accumulate.AccumulateHook), so the step
+    a failing run was computing is `step + 1` with no extra fetch per run.
+    """
+
+    def __init__(self, model_dir: str, runs_per_step: int = 1):
+        self._model_dir = model_dir
+        self._runs_per_step = max(1, runs_per_step)
+        self.step: Optional[int] = None
+        self.active = False
+        self.stop_requested = False
+        self._runs = 0
+        self._saver = None
+
+    def begin(self):
+        self._global_step = tf.compat.v1.train.get_global_step()
+        savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+        self._saver = savers[0] if savers else None
+        if self._saver is not None:
+            storage.guard_saver(self._saver, self.kept)
+        self.active = True
+
+    def kept(self) -> str:
+        latest = tf.train.latest_checkpoint(self._model_dir)
+        return (f"the previous checkpoint {latest} is intact" if latest
+                else "no earlier checkpoint exists") + "; the failed write's temp files were removed"
+
+    def after_create_session(self, session, coord):
+        self.step = int(session.run(self._global_step))
+        self._runs = 0
+
+    def after_run(self, run_context, run_values):
+        self._runs += 1
+        if self._runs % self._runs_per_step == 0:
+            self.step += 1
+            if self.stop_requested:
+                raise self._preempt(run_context.session)
+
+    def end(self, session):
+        self.active = False
+
+    def _preempt(self, session):
+        self.active = False
+        step = int(session.run(self._global_step))
+        if self._saver is None:  # a model_fn with a Scaffold saver of its own: cannot save
+            return preemption.preempted(step, None, tf.train.latest_checkpoint(self._model_dir))
+        path = preemption.save_final_checkpoint(session, self._saver, self._model_dir, step)
+        return preemption.preempted(step, path)
+
+
+class TrainingGuard:
+    """Context manager around `train_and_evaluate`; `attach(train_spec)` adds its hook.
+
+    role: local, chief, worker, ps or evaluator. Only a local run handles SIGTERM:
+    a cluster task's step waits for peers that may be gone, so there SIGTERM
+    keeps its default, immediate exit. After a failure a task removes only the
+    temp files of what it writes: checkpoints (local, chief), exports (local,
+    evaluator).
+    """
+
+    def __init__(self, model_dir: str, runs_per_step: int = 1, role: str = "local"):
+        self.model_dir = model_dir
+        self.role = role
+        self.hook = GuardHook(model_dir, runs_per_step)
+
+    def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:
+        return tf.estimator.TrainSpec(train_spec.input_fn, train_spec.max_steps,
+                                      tuple(train_spec.hooks) + (self.hook,),
+                                      train_spec.saving_listeners)
+
+    def _on_sigterm(self):
+        if self.hook.stop_requested:
+            return
+        self.hook.stop_requested = True
+        if not self.hook.active:  # no training step to finish: stop now
+            raise preemption.preempted_outside_training(tf.train.latest_checkpoint(self.model_dir))
+
+    def _watched(self) -> List[str]:
+        watched = [self.model_dir] if self.role in ("local", "chief") else []
+        if self.role in ("local", "evaluator"):
+            watched += sorted(storage.export_bases(self.model_dir))
+        return watched
+
+    def __enter__(self):
+        self._before = storage.temp_entries(self._watched())
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(storage.not_world_writable())
+        self._stack.enter_context(preemption.on_sigterm(self._on_sigterm,
+                                                        enabled=self.role == "local"))
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._stack.close()
+        if exc is None:
+            return False
+        storage.remove(storage.temp_entries(self._watched()) - self._before)
+        if isinstance(exc, ReportedError):
+            return False
+        if numerics.is_non_finite(exc):
+            step = self.hook.step + 1 if self.hook.step is not None else None
+            raise numerics.non_finite_error(exc, step, tf.train.latest_checkpoint(self.model_dir),
+                                            self.model_dir) from None
+        if storage.storage_reason(exc):
+            raise storage.storage_error(exc, f"writing into {self.model_dir}",
+                                        self.hook.kept()) from None
+        return False
+
+
+def check_resume(model_dir: str, model_fn, input_fn, params, say=print) -> Optional[str]:
+    """Before training, on the task that writes checkpoints: see checkpoints.check_resume.
+
+    The model's variables come from a TRAIN graph of model_fn built in a scratch
+    graph, and only when there is a checkpoint to compare them with.
+    """
+    return checkpoints.check_resume(
+        model_dir, lambda: checkpoints.model_variables(model_fn, input_fn, params), say=say)

@@ -1,0 +1,79 @@
+"""Non-finite guard: a NaN or Inf loss or gradient fails its step before any variable changes.
+
+TF 2.15 fails silently here (measured): a NaN gradient with a finite loss is
+applied and a checkpoint full of NaN weights is saved before Estimator's
+NanTensorHook fires, and an Inf loss is never caught (it checks isnan only).
+
+`guard()` is the one place gradients are checked; every path that applies
+gradients goes through it (`minimize`, `--strategy tower`, `--accumulate_steps`).
+The gradients handed to the optimizer are the outputs of `check_numerics`, so
+the update cannot run unless every check passed; the failing session run
+raises InvalidArgumentError, no hook's after_run/end runs, so no checkpoint of
+the poisoned step is written. `non_finite_error()` turns that error into a
+one-line NonFiniteError naming the step (see guards.StepTracker).
+"""
+import re
+from typing import Optional
+
+import tensorflow as tf
+
+from estimator_dist.errors import NonFiniteError
+
+MARKER = "estimator_dist non-finite"
+_FOUND = re.compile(re.escape(MARKER) + r" (?P<what>[^:]+?)\s*: Tensor had (?P<kind>NaN|Inf) values")
+
+
+def guard(loss, grads_and_vars, num_examples=None):
+    """(grad, var) pairs whose gradients only exist when the loss and all gradients are finite.
+
+    Args:
+      loss: the step's scalar loss (None: gradients only).
+      grads_and_vars: what the optimizer will apply.
+      num_examples: optional scalar; with 0 examples the loss (a mean over none,
+        NaN) is not checked, as the strategies give an empty batch zero weight.
+    Returns:
+      grads_and_vars with each gradient replaced by its checked value.
+    """
+    checks = []
+    if loss is not None:
+        if num_examples is not None:
+            empty = tf.equal(tf.cast(num_examples, tf.float32), 0.0)
+            loss = tf.where(empty, tf.zeros_like(loss), loss)
+        checks.append(tf.debugging.check_numerics(loss, f"{MARKER} loss"))
+    out = []
+    with tf.control_dependencies(checks):
+        for grad, var in grads_and_vars:
+            out.append((_check(grad, var), var))
+    return out
+
+
+def _check(grad, var):
+    if grad is None:
+        return None
+    message = f"{MARKER} gradient of '{var.op.name}'"
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.debugging.check_numerics(grad.values, message), grad.indices,
+                                grad.dense_shape)
+    return tf.debugging.check_numerics(grad, message)
+
+
+def is_non_finite(error: BaseException) -> bool:
+    return isinstance(error, tf.errors.InvalidArgumentError) and MARKER in str(error)
+
+
+def non_finite_error(error: BaseException, step: Optional[int], last_checkpoint: Optional[str],
+                     model_dir: str) -> NonFiniteError:
+    """The one-line error for a failed check: which value, NaN or Inf, at which step."""
+    found = _FOUND.search(str(error))
+    what = found.group("what").strip() if found else "the loss or a gradient"
+    kind = found.group("kind") if found else "NaN or Inf"
+    where = f"at step {step}" if step is not None else "at an unknown step"
+    if last_checkpoint:
+        kept = (f"nothing of that step was saved; the last good checkpoint is "
+                f"{last_checkpoint}")
+    else:
+        kept = f"nothing of that step was saved; {model_dir} holds no checkpoint yet"
+    return NonFiniteError(
+        f"training stopped {where}: the {what} is {kind}; {kept}; lower the learning rate, "
+        f"check the input data or the model for log(0)/division by zero, then rerun to resume "
+        f"from that checkpoint")

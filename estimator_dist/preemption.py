@@ -1,0 +1,60 @@
+"""Preemption: SIGTERM during training writes a final checkpoint, then exits 143.
+
+Schedulers preempt with SIGTERM and a grace period before SIGKILL (Kubernetes:
+30 s by default). By default Python dies on SIGTERM at once, losing every step
+since the last periodic checkpoint. Here the signal only sets a flag; after the
+session run in flight, guards.GuardHook saves a checkpoint with Estimator's own
+saver and raises Preempted, which skips the evaluation and export that a normal
+end of training would start (they could outlast the grace period). The process
+exits 143 (128 + SIGTERM), the code schedulers treat as retryable, and rerunning
+the same command resumes from that checkpoint.
+"""
+import contextlib
+import os
+import signal
+import threading
+
+import tensorflow as tf
+
+from estimator_dist.errors import EXIT_PREEMPTED, Preempted
+
+CHECKPOINT_BASENAME = "model.ckpt"  # Estimator's CheckpointSaverHook name
+
+
+@contextlib.contextmanager
+def on_sigterm(callback, enabled: bool = True):
+    """Call `callback()` on SIGTERM while inside (main thread only; elsewhere a no-op)."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: callback())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def save_final_checkpoint(session, saver, model_dir: str, step: int) -> str:
+    """Save model_dir/model.ckpt-<step> with Estimator's saver (unless it just did)."""
+    done = [p for p in saver.last_checkpoints if p.endswith(f"-{step}")]
+    if done:
+        return done[-1]
+    path = saver.save(session, os.path.join(model_dir, CHECKPOINT_BASENAME), global_step=step)
+    with contextlib.suppress(Exception):  # best effort: keep TensorBoard's last points
+        tf.compat.v1.summary.FileWriterCache.get(model_dir).flush()
+    return path
+
+
+def preempted(step: int, checkpoint, latest=None) -> Preempted:
+    if checkpoint is None:
+        return Preempted(f"SIGTERM at step {step}: no final checkpoint (the model_fn's Scaffold "
+                         f"has its own saver); the latest is {latest}; exit code {EXIT_PREEMPTED} "
+                         f"(retryable); rerun the same command to resume from it")
+    return Preempted(f"SIGTERM at step {step}: saved {checkpoint}; exit code {EXIT_PREEMPTED} "
+                     f"(retryable); rerun the same command to resume from it")
+
+
+def preempted_outside_training(checkpoint) -> Preempted:
+    where = f"the latest checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written"
+    return Preempted(f"SIGTERM outside a training step: {where}; exit code {EXIT_PREEMPTED} "
+                     f"(retryable); rerun the same command to resume")

@@ -1,0 +1,95 @@
+"""`estimator-dist report`: a model_dir's event files as a table, a CSV and a PNG of the curves."""
+import glob
+import os
+from typing import Dict, Tuple
+
+import pandas as pd
+import tensorflow as tf
+
+from estimator_dist.errors import UserError
+
+EVAL_PREFIX = "eval_"
+
+
+def _scalars(pattern: str, prefix: str = "") -> Dict[Tuple[int, str], float]:
+    values = {}
+    for path in sorted(glob.glob(pattern)):
+        try:
+            for event in tf.compat.v1.train.summary_iterator(path):
+                for value in event.summary.value:
+                    if value.HasField("simple_value"):
+                        values[(int(event.step), prefix + value.tag)] = value.simple_value
+        except tf.errors.DataLossError:
+            continue  # a file cut off mid-write: keep what was read
+    return values
+
+
+def load(model_dir: str) -> pd.DataFrame:
+    """One row per step: training scalars (loss, tower losses, rates) and eval_* metrics."""
+    if not os.path.isdir(model_dir):
+        raise UserError(f"--model_dir {model_dir}: no such directory")
+    values = _scalars(os.path.join(model_dir, "events.out.tfevents.*"))
+    values.update(_scalars(os.path.join(model_dir, "eval", "events.out.tfevents.*"), EVAL_PREFIX))
+    if not values:
+        raise UserError(f"{model_dir} has no TensorBoard event files with scalars; train first")
+    series = pd.Series(values)
+    frame = series.unstack().sort_index()
+    frame.index.name = "step"
+    return frame.drop(columns=[c for c in frame.columns if c == f"{EVAL_PREFIX}global_step"])
+
+
+def plot(frame: pd.DataFrame, path: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    losses = [c for c in frame.columns if c.endswith("loss") or c.startswith("tower_loss")]
+    metrics = [c for c in frame.columns if c.startswith(EVAL_PREFIX) and c not in losses]
+    rates = [c for c in frame.columns if "per_sec" in c or c.endswith("/sec")]
+    panels = [(title, cols) for title, cols in
+              (("loss", losses), ("eval metrics", metrics), ("throughput", rates)) if cols]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3 * len(panels)), squeeze=False)
+    for ax, (title, cols) in zip(axes[:, 0], panels):
+        for col in cols:
+            data = frame[col].dropna()
+            ax.plot(data.index, data.values, marker="." if len(data) < 30 else None, label=col)
+        ax.set_title(title)
+        ax.set_xlabel("global step")
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def summary(frame: pd.DataFrame) -> str:
+    lines = [f"{len(frame)} steps with scalars, last step {int(frame.index.max())}"]
+    evals = [c for c in frame.columns if c.startswith(EVAL_PREFIX)]
+    if evals:
+        last = frame[evals].dropna(how="all").iloc[-1]
+        lines.append("final eval: " + "  ".join(f"{c[len(EVAL_PREFIX):]} {v:.4f}"
+                                                 for c, v in last.dropna().items()))
+        if f"{EVAL_PREFIX}loss" in frame:
+            best = frame[f"{EVAL_PREFIX}loss"].dropna()
+            lines.append(f"best eval loss {best.min():.4f} at step {int(best.idxmin())}")
+    if "loss" in frame:
+        train = frame["loss"].dropna()
+        lines.append(f"train loss {train.iloc[0]:.4f} at step {int(train.index[0])} -> "
+                     f"{train.iloc[-1]:.4f} at step {int(train.index[-1])}")
+    return "\n".join(lines)
+
+
+def write(model_dir: str, output_dir: str = "") -> Tuple[str, str, str]:
+    """Write report.csv and report.png; returns their paths and the summary text."""
+    frame = load(model_dir)
+    output_dir = output_dir or os.path.join(model_dir, "report")
+    os.makedirs(output_dir, exist_ok=True)
+    csv_path = os.path.join(output_dir, "report.csv")
+    frame.to_csv(csv_path + ".tmp")
+    os.replace(csv_path + ".tmp", csv_path)
+    png_path = os.path.join(output_dir, "report.png")
+    plot(frame, png_path)
+    return csv_path, png_path, summary(frame)

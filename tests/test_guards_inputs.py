@@ -1,0 +1,175 @@
+"""Bad input through the real CLI: CSV, YAML, --set, export dirs; and the security rails.
+
+Each is one line on stderr naming the file (and line and column where there is
+one), exit code 2, and nothing written.
+"""
+import ast
+import glob
+import inspect
+import ipaddress
+import json
+import os
+
+import numpy as np
+import pytest
+
+import guard_models  # noqa: F401 - registers guard_mlp
+from estimator_dist import cli
+from estimator_dist import launcher
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROWS = "".join(f"{i},{i % 2},c{i % 3}\n" for i in range(10))  # row i is on line i + 2
+
+BAD_CSVS = [
+    # (name, csv text or None for a missing file, label column, fragments after the path)
+    ("missing file", None, "y", ["not found"]),
+    ("empty file", "", "y", ["is empty"]),
+    ("ragged row", "a,y,c\n" + ROWS.replace("3,1,c0\n", "3,1,c0,7\n"), "y",
+     ["line 5: 4 fields but the header has 3"]),
+    ("text in a numeric column", "a,y,c\n" + ROWS.replace("7,1,c1", "seven,1,c1"), "y",
+     ["line 9, column 'a': text 'seven' in a numeric column"]),
+    ("missing number", "a,y,c\n" + ROWS.replace("2,0,c2", ",0,c2"), "y",
+     ["line 4, column 'a': missing value"]),
+    ("unknown label column", "a,y,c\n" + ROWS, "label", ["label column 'label' is not in", "columns: a, y, c"]),
+]
+
+
+def run_main(argv, capsys):
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(code, err, *fragments):
+    assert code == 2, err
+    assert err.startswith("estimator-dist: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+@pytest.mark.parametrize("name,text,label,fragments", BAD_CSVS, ids=[c[0] for c in BAD_CSVS])
+def test_bad_csv_names_file_line_and_column(name, text, label, fragments, tmp_path, capsys):
+    path = tmp_path / "data.csv"
+    if text is not None:
+        path.write_text(text)
+    model_dir = tmp_path / "run"
+    code, _, err = run_main(["train", "--model", "tabular", "--data_path", str(path),
+                             "--label_column", label, "--model_dir", str(model_dir)], capsys)
+    assert_one_line_error(code, err, str(path), *fragments)
+    assert not model_dir.exists()
+
+
+def test_predict_csv_with_text_in_a_numeric_feature(tmp_path, capsys):
+    model_dir = tmp_path / "run"
+    assert cli.main(["train", "--model", "guard_mlp", "--model_dir", str(model_dir),
+                     "--train_steps", "2", "--export", "final"]) == 0
+    capsys.readouterr()
+    bad = tmp_path / "x.csv"
+    bad.write_text("x_0,x_1,x_2,x_3,x_4,x_5\n1,2,3,4,5,6\n1,2,three,4,5,6\n")
+    code, out, err = run_main(["predict", "--saved_model", str(model_dir), "--input", str(bad)], capsys)
+    assert_one_line_error(code, err, f"--input {bad} line 3 column 'x_2': 'three' is not a number")
+    # nothing is unpickled from a user path: an object array is refused, not loaded
+    pickled = tmp_path / "x.npy"
+    np.save(pickled, np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    code, _, err = run_main(["predict", "--saved_model", str(model_dir), "--input", str(pickled)], capsys)
+    assert_one_line_error(code, err, f"--input {pickled}: not a readable .npy array")
+
+
+def test_bad_yaml_and_wrong_types_exit_2(tmp_path, capsys):
+    model_dir = tmp_path / "run"
+    cases = [
+        ("model: digits\ntrain:\n  batch_size: [1, 2\n", "line 4: not valid YAML"),
+        ("train:\n  batch_size: '64'\n", "'batch_size' must be int, got '64' (str)"),
+        ("hparams:\n  learning_rate: fast\n", "'learning_rate' must be float, got 'fast'"),
+        ("- a list\n", "must hold a mapping"),
+    ]
+    for i, (text, fragment) in enumerate(cases):
+        path = tmp_path / f"run{i}.yaml"
+        path.write_text(text)
+        code, _, err = run_main(["train", "--config", str(path), "--model_dir", str(model_dir)], capsys)
+        assert_one_line_error(code, err, fragment)
+    for bad, fragment in [("learning_rate=fast", "--set learning_rate=fast: 'learning_rate' takes a float"),
+                          ("filters=1.5", "--set filters=1.5: 'filters' takes a int"),
+                          ("learning_rate", "--set 'learning_rate' is not key=value")]:
+        code, _, err = run_main(["train", "--set", bad, "--model_dir", str(model_dir)], capsys)
+        assert_one_line_error(code, err, fragment)
+    assert not model_dir.exists()
+
+
+def test_export_into_a_non_empty_directory_is_refused(tmp_path, capsys):
+    model_dir = tmp_path / "run"
+    assert cli.main(["train", "--model", "guard_mlp", "--model_dir", str(model_dir),
+                     "--train_steps", "2"]) == 0
+    base = tmp_path / "exports"
+    assert cli.main(["export", "--model_dir", str(model_dir), "--export_dir", str(base)]) == 0
+    (first,) = os.listdir(base)
+    saved = (base / first / "saved_model.pb").read_bytes()
+    # an earlier export is no obstacle: a new <timestamp> dir, the old one untouched
+    assert cli.main(["export", "--model_dir", str(model_dir), "--export_dir", str(base)]) == 0
+    assert len(os.listdir(base)) == 2 and (base / first / "saved_model.pb").read_bytes() == saved
+    capsys.readouterr()
+    for target, holds in [(base / first, "saved_model.pb"), (tmp_path / "mixed", "notes.txt")]:
+        if not target.exists():
+            target.mkdir()
+            (target / "notes.txt").write_text("mine")
+        before = sorted(os.listdir(target))
+        code, _, err = run_main(["export", "--model_dir", str(model_dir), "--export_dir", str(target)],
+                                capsys)
+        assert_one_line_error(code, err, f"--export_dir {target}: not empty (holds ", holds)
+        assert sorted(os.listdir(target)) == before
+    (tmp_path / "file").write_text("x")
+    code, _, err = run_main(["export", "--model_dir", str(model_dir), "--export_dir",
+                             str(tmp_path / "file")], capsys)
+    assert_one_line_error(code, err, "exists and is not a directory")
+
+
+def assert_loopback(tf_config):
+    for addresses in json.loads(tf_config)["cluster"].values():
+        for address in addresses:
+            host, port = address.rsplit(":", 1)
+            assert ipaddress.ip_address(host).is_loopback and int(port) > 0, address
+
+
+def test_local_launcher_uses_loopback_addresses_only(capsys):
+    names = launcher.task_names(3, 2, True)
+    for tf_config in launcher.make_tf_configs(names, launcher.free_ports(len(names))).values():
+        assert_loopback(tf_config)
+    tasks = launcher.build_tasks(["--strategy", "parameter_server"], 2, 1, True)
+    assert len(tasks) == 4
+    for task in tasks:
+        assert_loopback(task.tf_config)
+    # No way to ask for another host: no such parameter, and a --host flag is refused (exit 2).
+    for fn in (launcher.launch, launcher.build_tasks, launcher.make_tf_configs):
+        assert not {"host", "hosts", "address", "bind"} & set(inspect.signature(fn).parameters)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["cluster", "--workers", "2", "--host", "10.1.2.3", "--train_steps", "1"])
+    assert exit_.value.code == 2
+    assert "unrecognized arguments: --host 10.1.2.3" in capsys.readouterr().err
+
+
+def _calls(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            yield ast.unparse(node.func), node
+
+
+def test_nothing_unpickled_and_environment_never_logged():
+    """Static: no pickle, no unsafe YAML, np.load only with allow_pickle=False, no env dumps."""
+    sources = glob.glob(os.path.join(REPO, "estimator_dist", "*.py"))
+    sources += glob.glob(os.path.join(REPO, "model_fns", "*.py"))
+    sources += glob.glob(os.path.join(REPO, "input_fns", "*.py"))
+    for path in sources:
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                assert not {"pickle", "cPickle", "dill", "joblib", "shelve"} & set(names), path
+        for func, call in _calls(tree):
+            keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}
+            if func.endswith("np.load") or func == "numpy.load":
+                assert keywords.get("allow_pickle") == "False", f"{path}: {ast.unparse(call)}"
+            assert func not in ("yaml.load", "yaml.unsafe_load", "pickle.load", "pickle.loads"), path
+            if func in ("print", "say", "emit", "self.emit", "self.say", "out"):
+                text = ast.unparse(call)
+                assert "os.environ" not in text and "environ)" not in text, f"{path}: {text}"

@@ -1,0 +1,72 @@
+"""Non-finite loss or gradient: the step fails before any variable changes, nothing poisoned is saved.
+
+guard_mlp turns its loss NaN/Inf, or its hidden-layer gradient NaN with a finite
+loss, from global step 9 on, so the failing step is 10: exactly when a periodic
+checkpoint is due (every 5). Without the guard TensorFlow saves model.ckpt-10
+full of NaN weights there (the NaN gradient is applied; NanTensorHook only sees
+the next step's loss), and never stops for an Inf loss.
+"""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import guard_models  # noqa: F401 - registers guard_mlp
+from conftest import make_config
+from estimator_dist import runner
+from estimator_dist.cli import main
+from estimator_dist.errors import EXIT_NON_FINITE, NonFiniteError
+
+CASES = [
+    # (poison, strategy, devices, accumulate_steps, what the message names)
+    ("loss_nan", "none", 1, 1, "the loss is NaN"),
+    ("loss_inf", "none", 1, 1, "the loss is Inf"),
+    ("grad_nan", "none", 1, 1, "the gradient of 'hidden/"),
+    ("grad_nan", "tower", 2, 1, "the gradient of 'hidden/"),
+    ("loss_inf", "none", 1, 2, "the loss is Inf"),
+    ("grad_nan", "none", 1, 3, "the gradient of 'hidden/"),
+    ("grad_nan", "mirrored", 2, 1, "the gradient of 'hidden/"),
+]
+
+
+def all_finite(prefix):
+    reader = tf.compat.v1.train.NewCheckpointReader(prefix)
+    return all(np.isfinite(reader.get_tensor(n)).all() for n in reader.get_variable_to_shape_map()
+               if reader.get_tensor(n).dtype.kind == "f")
+
+
+@pytest.mark.parametrize("poison,strategy,n,accumulate,what", CASES,
+                         ids=[f"{c[0]}-{c[1]}-k{c[3]}" for c in CASES])
+def test_non_finite_step_stops_before_a_poisoned_checkpoint(poison, strategy, n, accumulate, what,
+                                                            tmp_path):
+    config = make_config("guard_mlp", (f"poison={poison}", "poison_step=9"), train_steps=30,
+                         save_checkpoints_steps=5, model_dir=str(tmp_path), strategy=strategy,
+                         num_devices=n, accumulate_steps=accumulate, seed=1)
+    with pytest.raises(NonFiniteError) as error:
+        runner.train(config, out=lambda *_: None)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("training stopped at step 10: ")
+    assert what in message, message
+    assert f"the last good checkpoint is {tmp_path / 'model.ckpt-5'}" in message
+    assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-5")
+    saved = sorted(p for p in os.listdir(tmp_path) if p.endswith(".index"))
+    assert saved == ["model.ckpt-0.index", "model.ckpt-5.index"]
+    assert all_finite(str(tmp_path / "model.ckpt-5"))
+    assert not [p for p in os.listdir(tmp_path) if "temp" in p]
+
+
+def test_cli_exit_code_and_resume_from_the_last_good_checkpoint(tmp_path, capsys):
+    args = ["train", "--model", "guard_mlp", "--model_dir", str(tmp_path), "--train_steps", "30",
+            "--save_checkpoints_steps", "5", "--set", "poison=loss_nan", "--set", "poison_step=9"]
+    assert main(args) == EXIT_NON_FINITE
+    err = capsys.readouterr().err
+    assert err.startswith("estimator-dist: error: training stopped at step 10: the loss is NaN")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    # The last good checkpoint restores: fixing the cause and rerunning resumes from it.
+    assert main(["evaluate", "--model_dir", str(tmp_path)]) == 0
+    assert "global_step 5" in capsys.readouterr().out
+    fixed = args[:-4] + ["--train_steps", "12"]
+    assert main(fixed) == 0
+    out = capsys.readouterr().out
+    assert "resuming from the checkpoint at step 5" in out and "done: step 12" in out

@@ -1,0 +1,187 @@
+"""The real CLI in a subprocess: preemption (SIGTERM), kill -9, a full disk, the umask.
+
+Each run is bounded by a timeout; the faults are real signals and a real
+RLIMIT_FSIZE (Python ignores SIGXFSZ, so writes past the limit fail with EFBIG).
+"""
+import os
+import re
+import resource
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+import guard_models  # noqa: F401 - registers guard_mlp for the in-process parts
+from estimator_dist import guards
+from estimator_dist.cli import main
+from estimator_dist.errors import EXIT_PREEMPTED, EXIT_STORAGE, Preempted
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(REPO, "tests")
+TIMEOUT = 120
+SECRET = "guard-secret-value-8d1f"
+
+
+def train_argv(model_dir, *extra):
+    return [sys.executable, "-m", "estimator_dist", "train", "--import", "guard_models",
+            "--model", "guard_mlp", "--model_dir", str(model_dir), *map(str, extra)]
+
+
+def environment():
+    return {**os.environ, "PYTHONPATH": TESTS, "PYTHONUNBUFFERED": "1",
+            "ESTIMATOR_DIST_TEST_SECRET": SECRET}
+
+
+def run(argv, preexec_fn=None):
+    return subprocess.run(argv, cwd=REPO, env=environment(), capture_output=True, text=True,
+                          timeout=TIMEOUT, preexec_fn=preexec_fn)
+
+
+def start_and_signal(argv, sig, until_step):
+    """Start a training process, wait for the progress line of `until_step`, send `sig`."""
+    proc = subprocess.Popen(argv, cwd=REPO, env=environment(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        for line in proc.stdout:
+            m = re.match(r"step (\d+)/", line)
+            if m and int(m.group(1)) >= until_step:
+                break
+            assert time.monotonic() < deadline, "no progress in time"
+        else:
+            raise AssertionError(f"exited early: {proc.wait()} {proc.stderr.read()}")
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, err
+
+
+def latest_step(model_dir):
+    return int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
+
+
+def assert_resumes(model_dir, step):
+    rerun = run(train_argv(model_dir, "--train_steps", step + 5, "--save_checkpoints_steps", 1000))
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"resuming from the checkpoint at step {step} in" in rerun.stdout
+    assert f"done: step {step + 5}" in rerun.stdout
+
+
+def test_sigterm_writes_a_final_checkpoint_exits_143_and_resumes(tmp_path):
+    # Periodic checkpoints only at 0 and 50000: any other step is the final save.
+    code, out, err = start_and_signal(
+        train_argv(tmp_path, "--train_steps", 100000, "--save_checkpoints_steps", 50000),
+        signal.SIGTERM, until_step=100)
+    assert code == EXIT_PREEMPTED, err
+    step = latest_step(tmp_path)
+    assert 100 <= step < 50000
+    assert err.strip() == (f"estimator-dist: preempted: SIGTERM at step {step}: saved "
+                           f"{tmp_path / f'model.ckpt-{step}'}; exit code 143 (retryable); rerun the "
+                           f"same command to resume from it")
+    assert SECRET not in out + err
+    assert_resumes(tmp_path, step)
+
+
+def test_kill_9_loses_at_most_the_steps_since_the_last_checkpoint(tmp_path):
+    code, _, _ = start_and_signal(
+        train_argv(tmp_path, "--train_steps", 100000, "--save_checkpoints_steps", 100),
+        signal.SIGKILL, until_step=300)
+    assert code == -signal.SIGKILL
+    step = latest_step(tmp_path)
+    assert step >= 200 and step % 100 == 0
+    assert_resumes(tmp_path, step)
+
+
+def fill_disk_at(limit_bytes):
+    def preexec():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return preexec
+
+
+def walk(path):
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            yield os.path.join(root, name)
+
+
+def test_disk_full_while_checkpointing_is_an_error_and_keeps_the_previous_one(tmp_path):
+    """The disk fills up at step 3 (the 1.2 MB checkpoint no longer fits); the save at 5 fails.
+
+    Unguarded, TensorFlow's OutOfRangeError ("File too large") ends training as if
+    the input had run out: exit 0, an evaluation and export of model.ckpt-0.
+    """
+    proc = run(train_argv(tmp_path, "--train_steps", 10, "--save_checkpoints_steps", 5,
+                          "--set", "big=300000", "--set", "fsize_limit_step=3"))
+    assert proc.returncode == EXIT_STORAGE, proc.stderr
+    err = proc.stderr.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert err.startswith("estimator-dist: error: saving checkpoint model.ckpt-5 failed: ")
+    assert f"File too large: {tmp_path / 'model.ckpt-5_temp'}" in err
+    assert f"the previous checkpoint {tmp_path / 'model.ckpt-0'} is intact" in err
+    assert latest_step(tmp_path) == 0
+    assert not [p for p in walk(tmp_path) if "temp" in os.path.basename(p)]
+    assert not (tmp_path / "model.ckpt-5.index").exists()
+    reader = tf.compat.v1.train.NewCheckpointReader(str(tmp_path / "model.ckpt-0"))
+    assert reader.get_tensor("big").shape == (300000,)
+
+
+def test_disk_full_while_exporting_is_an_error_and_keeps_earlier_exports(tmp_path, capsys):
+    model_dir, base = tmp_path / "run", tmp_path / "exports"
+    assert main(["train", "--import", "guard_models", "--model", "guard_mlp", "--model_dir",
+                 str(model_dir), "--train_steps", "3", "--set", "big=300000"]) == 0
+    assert main(["export", "--model_dir", str(model_dir), "--export_dir", str(base)]) == 0
+    (first,) = os.listdir(base)
+    before = {p: os.path.getsize(p) for p in walk(base)}
+    time.sleep(1.0)  # a new timestamp for the next export
+    proc = run([sys.executable, "-m", "estimator_dist", "export", "--import", "guard_models",
+                "--model_dir", str(model_dir), "--export_dir", str(base)],
+               preexec_fn=fill_disk_at(600_000))
+    assert proc.returncode == EXIT_STORAGE, proc.stderr
+    err = proc.stderr.strip()
+    assert err.startswith(f"estimator-dist: error: exporting into {base} failed: ")
+    assert "File too large" in err and err.count("\n") == 0
+    assert os.listdir(base) == [first]  # the partial temp-<timestamp> dir is gone
+    assert {p: os.path.getsize(p) for p in walk(base)} == before
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o000])
+def test_files_honour_the_umask_and_none_is_world_writable(umask, tmp_path):
+    def preexec():
+        os.umask(umask)
+
+    verbose = ["--verbose"] if umask == 0o022 else []  # TensorFlow's own logging too
+    proc = run(train_argv(tmp_path, "--train_steps", 3, "--export", "final", *verbose),
+               preexec_fn=preexec)
+    assert proc.returncode == 0, proc.stderr
+    paths = list(walk(tmp_path))
+    assert any(p.endswith("saved_model.pb") for p in paths)
+    assert any(os.path.basename(p).startswith("model.ckpt-3.") for p in paths)
+    for path in paths:
+        mode = stat.S_IMODE(os.lstat(path).st_mode)
+        assert not mode & 0o002, f"{path} is world-writable: {oct(mode)}"
+        assert not mode & umask, f"{path} ignores umask {oct(umask)}: {oct(mode)}"
+    if umask == 0o022:  # honoured, not tightened: others can read the export
+        export = next(p for p in paths if p.endswith("saved_model.pb"))
+        assert stat.S_IMODE(os.stat(export).st_mode) & 0o044 == 0o044
+    assert SECRET not in proc.stdout + proc.stderr
+
+
+def test_sigterm_outside_a_training_step_stops_at_once(tmp_path):
+    """No step to finish (graph building, final evaluation or export): Preempted right away."""
+    previous = signal.getsignal(signal.SIGTERM)
+    started = time.monotonic()
+    with pytest.raises(Preempted, match="SIGTERM outside a training step: no checkpoint was written"):
+        with guards.TrainingGuard(str(tmp_path)):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+    assert time.monotonic() - started < 5
+    assert signal.getsignal(signal.SIGTERM) is previous

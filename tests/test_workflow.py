@@ -1,0 +1,159 @@
+"""Training workflow: early stopping, warm start, best export across restarts, eval by
+seconds, progress output, report, seeded determinism."""
+import os
+import pty
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import tensorflow as tf
+
+from conftest import make_config, quick_train
+from estimator_dist import early_stopping, export as export_lib, report, runner
+from estimator_dist.errors import UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def train(model_dir, lines=None, **flags):
+    flags = {"model_dir": str(model_dir), "batch_size": 32, "seed": 1, **flags}
+    return runner.train(make_config(**flags), out=(lines.append if lines is not None else
+                                                  (lambda *_: None)))
+
+
+def eval_results(model_dir):
+    from tensorflow_estimator.python.estimator.early_stopping import read_eval_metrics
+
+    return read_eval_metrics(os.path.join(str(model_dir), "eval"))
+
+
+def test_patience_counting():
+    assert early_stopping.evaluations_without_improvement([3, 2, 2, 2], False, 0.0) == 2
+    assert early_stopping.evaluations_without_improvement([3, 2, 1.95], False, 0.1) == 1
+    assert early_stopping.evaluations_without_improvement([0.5, 0.7], True, 0.0) == 0
+
+
+def test_early_stop_on_plateau_stops_before_target_and_evaluates_at_end(tmp_path):
+    lines = []
+    summary = train(tmp_path, lines, train_steps=400, eval_every=10, export="none",
+                    early_stop="loss", patience=2, overrides=("learning_rate=0.0",))
+    assert summary["global_step"] < 100, summary["global_step"]
+    assert any(line.startswith("early stop at step") for line in lines), lines
+    assert max(eval_results(tmp_path)) == summary["global_step"]  # evaluated at the end
+
+
+def test_early_stop_unknown_metric_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="--early_stop acuracy: not an eval metric of this model; "
+                                        "it reports accuracy, loss"):
+        train(tmp_path, train_steps=40, eval_every=10, export="none", early_stop="acuracy")
+
+
+def test_warm_start_changes_starting_loss_and_respects_regex(tmp_path):
+    quick_train(tmp_path / "source", steps=100, export="none")
+    source = tf.train.load_checkpoint(str(tmp_path / "source"))
+    train(tmp_path / "fresh", train_steps=1, export="none")
+    train(tmp_path / "warm", train_steps=1, export="none",
+          warm_start_from=str(tmp_path / "source"))
+    losses = {name: report.load(str(tmp_path / name))["loss"].dropna().iloc[0]
+              for name in ("fresh", "warm")}
+    assert losses["warm"] < 0.5 * losses["fresh"], losses
+
+    train(tmp_path / "body", train_steps=1, export="none", warm_start_from=str(tmp_path / "source"),
+          warm_start_vars="digits_cnn/conv.*")
+    start = tf.train.load_checkpoint(str(tmp_path / "body") + "/model.ckpt-0")
+    np.testing.assert_array_equal(start.get_tensor("digits_cnn/conv1/kernel"),
+                                  source.get_tensor("digits_cnn/conv1/kernel"))
+    assert not np.allclose(start.get_tensor("digits_cnn/logits/kernel"),
+                           source.get_tensor("digits_cnn/logits/kernel"))
+
+
+def new_bests(values):
+    best, count = None, 0
+    for value in values:
+        if best is None or value > best:
+            best, count = value, count + 1
+    return count
+
+
+def test_best_export_by_accuracy_survives_a_restart(tmp_path):
+    """tabular has no batch norm: with learning rate 0 the restart evaluates the same model."""
+    flags = dict(model="tabular", eval_every=20, export="best", best_metric="accuracy")
+    train(tmp_path, train_steps=60, **flags)
+    first_exports = export_lib.export_paths(str(tmp_path))
+    history = [eval_results(tmp_path)[s]["accuracy"] for s in sorted(eval_results(tmp_path))]
+    assert len(first_exports) == new_bests(history) >= 1
+    # A BestExporter that forgot the first run's evaluations would export the
+    # restart's first evaluation, which is no better than the best so far.
+    train(tmp_path, train_steps=100, overrides=("learning_rate=0.0", "optimizer=sgd"), **flags)
+    later = [m["accuracy"] for s, m in eval_results(tmp_path).items() if s > 60]
+    assert len(later) == 2 and max(later) <= max(history)
+    assert export_lib.export_paths(str(tmp_path)) == first_exports
+
+
+def test_eval_every_secs(tmp_path):
+    summary = train(tmp_path, train_steps=30, eval_every_secs=1, export="none")
+    assert summary["global_step"] == 30 and max(eval_results(tmp_path)) == 30
+
+
+def test_eval_by_steps_and_seconds_conflict(tmp_path):
+    with pytest.raises(UserError, match="give steps or seconds, not both"):
+        runner.plan(make_config(eval_every=10, eval_every_secs=5, model_dir=str(tmp_path)))
+
+
+def test_plain_progress_lines_when_not_a_terminal(tmp_path):
+    lines = []
+    train(tmp_path, lines, train_steps=40, export="none")
+    progress = [line for line in lines if line.startswith("step ")]
+    assert progress[-1].startswith("step 40/40") and "examples/sec  ETA 0:00:00" in progress[-1]
+    assert all("\r" not in line for line in lines)
+
+
+def test_progress_bar_on_a_terminal(tmp_path):
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "estimator_dist", "train", "--train_steps", "60",
+                             "--export", "none", "--model_dir", str(tmp_path)],
+                            stdout=slave, stderr=slave, cwd=REPO)
+    os.close(slave)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+    assert proc.wait(120) == 0
+    text = output.decode()
+    assert "\r[" in text and "] 60/60" in text and "ETA" in text
+    assert "\nstep " not in text  # the bar replaces the periodic lines
+
+
+def test_report_csv_last_step_equals_checkpoint_and_png(tmp_path, capsys):
+    from estimator_dist.cli import main
+
+    summary = train(tmp_path / "run", train_steps=40, eval_every=20, export="none")
+    assert main(["report", "--model_dir", str(tmp_path / "run"), "--output_dir",
+                 str(tmp_path / "out")]) == 0
+    frame = pd.read_csv(tmp_path / "out" / "report.csv", index_col="step")
+    assert int(frame.index.max()) == summary["global_step"] == 40
+    assert {"loss", "eval_loss", "eval_accuracy"} <= set(frame.columns)
+    png = (tmp_path / "out" / "report.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 5000
+    import matplotlib.image
+
+    assert matplotlib.image.imread(str(tmp_path / "out" / "report.png")).shape[0] > 100
+    assert "final eval: accuracy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model", ["digits", "tabular"])
+def test_two_seeded_runs_match(model, tmp_path):
+    weights = []
+    for i in range(2):
+        quick_train(tmp_path / str(i), steps=20, model=model, export="none", seed=7)
+        reader = tf.train.load_checkpoint(str(tmp_path / str(i)))
+        weights.append({k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()})
+    for name in weights[0]:
+        np.testing.assert_array_equal(weights[0][name], weights[1][name], err_msg=name)

@@ -236,3 +236,31 @@ def test_early_stop_in_a_cluster_stops_every_task_and_exports(tmp_path):
     assert "[chief:0] early stop at step" in run.text
     assert "[evaluator:0] training ended at step" in run.text
     assert checkpoint_steps(model_dir)[-1] < 20000 and final_export(model_dir), run.text
+
+
+def test_task_that_never_listens_hits_the_startup_deadline():
+    silent = [sys.executable, "-c", "import time; time.sleep(120)"]
+    tasks = [launcher.Task("chief:0", silent, "{}", launcher.free_ports(1)[0])]
+    lines = []
+    supervisor = launcher.Supervisor(tasks, whole_restart=False, max_restarts=3,
+                                     startup_timeout=2, emit=lines.append)
+    started = time.monotonic()
+    assert supervisor.run() == launcher.EXIT_CLUSTER_FAILED
+    assert time.monotonic() - started < 30
+    assert any("chief:0 did not start listening on 127.0.0.1:" in line and "within 2 s" in line
+               for line in lines), lines
+    assert tasks[0].process.poll() is not None  # stopped, not orphaned
+
+
+def test_sigterm_stops_every_task(tmp_path):
+    run = Run(["--workers", "2", "--ps", "1", "--evaluator", "--strategy", "parameter_server",
+               "--train_steps", "100000", "--model_dir", str(tmp_path / "run")] + TRAIN)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any("[chief:0] step" in l for l in run.lines):
+        time.sleep(0.5)
+    pids = [run.pid_of(t) for t in ("chief:0", "worker:0", "ps:0", "evaluator:0")]
+    assert all(pids) and all(alive(p) for p in pids), run.text
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 130
+    time.sleep(1)
+    assert not [p for p in pids if alive(p)], run.text

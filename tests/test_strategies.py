@@ -90,3 +90,16 @@ def test_devices_resolve_cpu_and_gpu():
 def test_session_config_declares_cpu_count():
     config = CPU2.session_config()
     assert config.device_count["CPU"] == 2 and config.allow_soft_placement
+
+
+def test_scale_lr_multiplies_by_replicas(tmp_path):
+    from conftest import make_config
+    from estimator_dist import runner, train_op
+
+    plain = runner.plan(make_config(strategy="mirrored", num_devices=2, model_dir=str(tmp_path)))
+    scaled = runner.plan(make_config(strategy="mirrored", num_devices=2, scale_lr=True,
+                                     model_dir=str(tmp_path)))
+    assert plain.params()["lr_scale"] == 1.0 and scaled.params()["lr_scale"] == 2.0
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        lr = train_op.learning_rate({**scaled.params(), "lr_schedule": "constant"})
+        assert session.run(lr) == pytest.approx(2 * scaled.params()["learning_rate"])

@@ -124,7 +124,7 @@ def test_async_parameter_server_without_strategy(tmp_path):
 def test_killed_worker_is_restarted_and_run_finishes(strategy, ps, expect, tmp_path):
     model_dir = str(tmp_path / "run")
     run = Run(["--workers", "2", "--ps", ps, "--evaluator", "--strategy", strategy,
-               "--max_restarts", "2", "--train_steps", "300", "--save_checkpoints_steps", "50",
+               "--max_restarts", "2", "--train_steps", "200", "--save_checkpoints_steps", "40",
                "--model_dir", model_dir] + TRAIN, timeout=400)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and run.proc.poll() is None:
@@ -136,7 +136,7 @@ def test_killed_worker_is_restarted_and_run_finishes(strategy, ps, expect, tmp_p
     os.kill(pid, signal.SIGKILL)
     assert run.wait() == 0, run.text
     assert expect in run.text
-    assert checkpoint_steps(model_dir)[-1] >= 300 and final_export(model_dir), run.text
+    assert checkpoint_steps(model_dir)[-1] >= 200 and final_export(model_dir), run.text
 
 
 def test_bad_tf_config_is_one_line_exit_2(tmp_path):

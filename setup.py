@@ -17,6 +17,7 @@ INSTALL_REQUIRES = [
     "pandas>=2.0,<3",
     "PyYAML>=6.0",
     "scikit-learn>=1.3,<1.6",
+    "matplotlib>=3.7,<4",
 ]
 
 setup(

@@ -17,8 +17,9 @@ GPU ?=
 WORKERS ?= 2
 PS ?= 0
 EVALUATOR ?= 1
+BENCH_DIR ?= runs/bench
 
-.PHONY: venv train test export predict list cluster clean distclean
+.PHONY: venv train test bench export predict list cluster clean distclean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +35,9 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests $(TESTARGS)
+
+bench: $(STAMP)
+	$(BIN)/estimator-dist bench --output_dir $(BENCH_DIR) $(ARGS)
 
 cluster: $(STAMP)
 	$(BIN)/estimator-dist cluster --workers $(WORKERS) --ps $(PS) $(if $(filter 1,$(EVALUATOR)),--evaluator) \

@@ -129,6 +129,22 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--output_dir", default="", help="where report.csv/.png go (default MODEL_DIR/report)")
     _add_common(rp)
 
+    bn = sub.add_parser("bench", help="examples/sec, start-up time and memory of every strategy, "
+                                      "a plain Estimator and Keras fit, side by side in one run")
+    bn.add_argument("--output_dir", default="runs/bench",
+                    help="where bench.csv, targets.csv, bench.png go (default runs/bench)")
+    bn.add_argument("--quick", action="store_true",
+                    help="tiny sizes: checks that the command works, not its numbers")
+    bn.add_argument("--rounds", type=int, default=None,
+                    help="times every case runs, order reversed each round; medians are "
+                         "reported (default 1)")
+    bn.add_argument("--models", default="", help="comma-separated: cifar, mlp (default both)")
+    bn.add_argument("--cases", default="", help="run only the cases whose name contains one of "
+                                                "these comma-separated texts, e.g. 'project none'")
+    bn.add_argument("--case_timeout", type=float, default=None,
+                    help="seconds one case may take (default 300)")
+    _add_common(bn)
+
     ls = sub.add_parser("list", help="registered models and inputs with their hparams")
     _add_common(ls)
     return parser

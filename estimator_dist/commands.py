@@ -133,7 +133,13 @@ def report(args):
     print(f"wrote {csv_path} and {png_path}")
 
 
-COMMANDS = {"report": report, "train": train, "evaluate": evaluate, "export": export, "predict": predict,
+def bench(args):
+    from estimator_dist import bench as bench_lib
+
+    return bench_lib.run(bench_lib.options_from_args(args))
+
+
+COMMANDS = {"bench": bench, "report": report, "train": train, "evaluate": evaluate, "export": export, "predict": predict,
             "list": list_registered, "cluster": cluster, "tfjob": tfjob}
 
 

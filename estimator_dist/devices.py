@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Tuple
 
 import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
 
 from estimator_dist.errors import UserError
 
@@ -30,9 +31,26 @@ class Devices:
         cpus = self.count if self.kind == "CPU" else 1
         config = tf.compat.v1.ConfigProto(
             device_count={"CPU": cpus}, allow_soft_placement=True)
+        # Estimator's own default session config runs grappler once; a config of our own
+        # would silently run it twice, adding seconds before the first step (measured).
+        config.graph_options.rewrite_options.meta_optimizer_iterations = \
+            rewriter_config_pb2.RewriterConfig.ONE
+        if self.kind == "CPU" and self.count > 1:
+            # N logical CPUs share the cores: each replica's ops get cores / N threads and
+            # the N replicas run side by side, rather than N ops each using every core
+            # (2 cores, ResNet-20: tower 1.2x, mirrored 1.03-1.09x in A/B runs; noisy).
+            config.intra_op_parallelism_threads = max(1, available_cores() // self.count)
+            config.inter_op_parallelism_threads = max(2, self.count)
         if self.kind == "GPU":
             config.gpu_options.allow_growth = True
         return config
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, e.g. a container's CPU set)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def gpu_count() -> int:

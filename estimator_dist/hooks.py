@@ -60,7 +60,8 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         # (Estimator's global_step/sec counts steps). Fed on every run, written when
         # Estimator's summary saver runs; nothing is written before a rate is known.
         self._rate = 0.0
-        self._rate_feed = tf.compat.v1.placeholder_with_default(0.0, [], name="examples_per_sec")
+        self._rate_feed = tf.compat.v1.placeholder_with_default(0.0, [],
+                                                                name="examples_per_sec_feed")
         rate_summary = tf.compat.v1.summary.scalar("examples_per_sec", self._rate_feed,
                                                    collections=[])
         tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SUMMARIES,

@@ -1,0 +1,587 @@
+"""`estimator-dist bench`: every way to train the same model, measured side by side in one run.
+
+Each case (bench_cases.py) runs in its own process: a fresh TensorFlow runtime,
+its own peak RSS, and its start-up time measured from the moment this process
+launched it. Cases run one at a time in rounds, the order reversed every other
+round (ABBA), so that the load of a shared machine falls on all of them alike;
+a case's figure is the median over rounds, a ratio the median of the ratios
+taken within each round.
+
+Throughput is GLOBAL examples/sec (every replica and worker) over a fixed
+number of steps after a discarded warm-up, on the same in-memory data, batch
+and step count for every case. multi_worker_mirrored runs one process per
+worker, each pinned to one core, with the per-worker batch fixed (weak scaling,
+as tf_cnn_benchmarks and Horovod report scaling).
+"""
+import csv
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from estimator_dist.errors import UserError
+
+DEFAULT_OUTPUT_DIR = os.path.join("runs", "bench")
+ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
+ONEDNN_DEFAULT = "1"  # what cli.main sets unless the environment says otherwise
+MODELS = ("cifar", "mlp")
+CASE_TIMEOUT_S = 300.0
+QUICK_CASE_TIMEOUT_S = 120.0
+# The real-input case reads this many CIFAR-10 records written in the binary format.
+REAL_RECORDS_PER_FILE = 2000
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """How one model is benchmarked: the same for every one of its cases."""
+
+    registered: str
+    title: str
+    batch: int
+    warmup: int
+    steps: int
+    train_steps: int = 2000  # what schedules and log/summary intervals see, as in a real run
+
+
+SETTINGS = {
+    "cifar": ModelSettings("cifar", "ResNet-20 (cifar)", batch=64, warmup=5, steps=15),
+    "mlp": ModelSettings("bench_mlp", "MLP 3072-256-256-10", batch=256, warmup=20, steps=100),
+}
+QUICK_SETTINGS = {
+    "cifar": ModelSettings("cifar", "ResNet-20 (cifar)", batch=8, warmup=1, steps=2),
+    "mlp": ModelSettings("bench_mlp", "MLP 3072-256-256-10", batch=32, warmup=2, steps=3),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One way to train: a driver, a strategy over devices or workers, an input."""
+
+    model: str
+    driver: str  # project | plain | keras
+    strategy: str = "none"
+    num_devices: int = 1
+    workers: int = 1
+    real_input: bool = False
+    tf_defaults: bool = False  # TensorFlow's own environment defaults, not the CLI's (oneDNN)
+
+    @property
+    def name(self) -> str:
+        if self.workers > 1 or self.strategy == "multi_worker_mirrored":
+            return f"{self.driver} multi_worker_mirrored {self.workers} worker(s) x 1 core"
+        text = f"{self.driver} {self.strategy} N={self.num_devices}"
+        return text + (" real input" if self.real_input else "") + \
+            (" TF default env" if self.tf_defaults else "")
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}:{self.name}"
+
+
+def cases_for(model: str) -> List[Case]:
+    """Every case of one model, compared pairs next to each other."""
+    c = lambda driver, strategy="none", n=1, **kw: Case(model, driver, strategy, n, **kw)  # noqa: E731
+    return [
+        c("plain", tf_defaults=True), c("plain"), c("project"), c("keras"),
+        c("project", real_input=True),
+        c("project", "tower"), c("project", "mirrored"), c("project", "central_storage"),
+        c("plain", "mirrored", 2), c("project", "mirrored", 2), c("keras", "mirrored", 2),
+        c("project", "tower", 2), c("project", "central_storage", 2),
+        c("project", "multi_worker_mirrored", workers=1), c("project", "multi_worker_mirrored", workers=2),
+    ]
+
+
+# --quick: every driver and code path once, at tiny sizes.
+QUICK_CASES = {
+    "mlp": ("plain none N=1", "project none N=1", "keras none N=1", "project none N=1 real input",
+            "project mirrored N=2", "keras mirrored N=2", "project tower N=2",
+            "project multi_worker_mirrored 1 worker(s) x 1 core",
+            "project multi_worker_mirrored 2 worker(s) x 1 core"),
+    "cifar": ("keras none N=1",),
+}
+
+# (label, numerator, denominator, kind, goal): kind "min" for a ratio that must reach the goal,
+# "max" for one that must stay under it, "scaling" for numerator / (2 x denominator).
+TARGETS = [
+    ("project none / plain Estimator, N=1", "project none N=1", "plain none N=1", "min", 0.98),
+    ("project mirrored / plain Estimator mirrored, N=2", "project mirrored N=2",
+     "plain mirrored N=2", "min", 0.98),
+    ("project none / Keras fit, N=1", "project none N=1", "keras none N=1", "min", 1.0),
+    ("project mirrored / Keras fit mirrored, N=2", "project mirrored N=2", "keras mirrored N=2",
+     "min", 1.0),
+    ("tower / mirrored, N=1", "project tower N=1", "project mirrored N=1", "min", 0.95),
+    ("tower / mirrored, N=2", "project tower N=2", "project mirrored N=2", "min", 0.95),
+    ("real input / in-memory, N=1", "project none N=1 real input", "project none N=1", "min", 0.95),
+    ("time to first step: project / plain Estimator", "project none N=1", "plain none N=1",
+     "max", 1.2),
+    ("2-worker scaling efficiency (MWMS, 1 core each)",
+     "project multi_worker_mirrored 2 worker(s) x 1 core",
+     "project multi_worker_mirrored 1 worker(s) x 1 core", "scaling", 0.90),
+]
+
+
+@dataclass
+class Measurement:
+    """One run of one case."""
+
+    case: Case
+    round: int
+    ok: bool
+    examples_per_sec: float = float("nan")
+    first_step_seconds: float = float("nan")
+    peak_rss_mb: float = float("nan")
+    cpu_ms_per_step: float = float("nan")
+    onednn: Optional[bool] = None
+    wall_seconds: float = 0.0
+    error: str = ""
+    log: str = ""
+
+
+@dataclass
+class Options:
+    output_dir: str = DEFAULT_OUTPUT_DIR
+    quick: bool = False
+    rounds: int = 2
+    models: tuple = MODELS
+    case_timeout: float = CASE_TIMEOUT_S
+    extra_args: tuple = ()  # more train flags for every project case
+    only: tuple = ()  # run only the cases whose name contains one of these
+    emit: object = field(default=print)
+
+
+def child_main():
+    """Entry point of a case process: pin cores, quiet TensorFlow, run the case."""
+    spec_path = sys.argv[1]
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    if spec.get("cores"):
+        os.sched_setaffinity(0, spec["cores"])
+    from estimator_dist import quiet
+
+    quiet.configure(verbose=False)
+    from estimator_dist import bench_cases
+
+    sys.exit(bench_cases.main([spec_path]))
+
+
+def write_cifar_files(directory: str, records: int = REAL_RECORDS_PER_FILE, seed: int = 0) -> str:
+    """The six CIFAR-10 binary files (label byte + CHW pixels per record), random content."""
+    from input_fns import cifar
+
+    os.makedirs(directory, exist_ok=True)
+    rng = np.random.RandomState(seed)
+    for i, name in enumerate(cifar.ALL_FILES):
+        n = records if name != cifar.TEST_FILE else max(1, records // 5)
+        data = rng.randint(0, 256, size=(n, cifar.RECORD_BYTES)).astype(np.uint8)
+        data[:, 0] = (np.arange(n) + i) % cifar.NUM_CLASSES
+        data.tofile(os.path.join(directory, name))
+    return directory
+
+
+class Runner:
+    """Launches case processes, one at a time, and collects their results."""
+
+    def __init__(self, options: Options, work_dir: str, cifar_dir: str):
+        self.options = options
+        self.work_dir = work_dir
+        self.cifar_dir = cifar_dir
+        self.settings = QUICK_SETTINGS if options.quick else SETTINGS
+        self.count = 0
+
+    def spec(self, case: Case, tag: str, worker: int) -> Dict:
+        s = self.settings[case.model]
+        return {
+            "driver": case.driver,
+            "model": s.registered if case.driver == "project" else case.model,
+            "input": "cifar" if case.real_input else "bench_memory",
+            "data_dir": self.cifar_dir if case.real_input else "",
+            "strategy": case.strategy,
+            "num_devices": case.num_devices,
+            "global_batch": s.batch * case.workers,
+            "warmup": s.warmup,
+            "steps": s.steps,
+            "train_steps": s.train_steps,
+            "model_dir": os.path.join(self.work_dir, "model_dirs", tag),
+            "result": os.path.join(self.work_dir, "results", f"{tag}.w{worker}.json"),
+            "cores": [worker % (os.cpu_count() or 1)]
+            if case.strategy == "multi_worker_mirrored" else [],
+            "extra_args": list(self.options.extra_args) if case.driver == "project" else [],
+            "tf_defaults": case.tf_defaults,
+        }
+
+    def run(self, case: Case, round_index: int) -> Measurement:
+        self.count += 1
+        tag = f"{self.count:03d}-{case.model}-{case.name.replace(' ', '_').replace('=', '')}"
+        tag = "".join(ch for ch in tag if ch.isalnum() or ch in "-_.")
+        log_path = os.path.join(self.options.output_dir, "logs", f"{tag}.log")
+        specs = [self.spec(case, tag, w) for w in range(case.workers)]
+        tf_configs = self._tf_configs(case)
+        started = time.monotonic()
+        procs = []
+        with open(log_path, "w", encoding="utf-8") as log:
+            for worker, spec in enumerate(specs):
+                procs.append(self._launch(spec, tag, worker, tf_configs, log))
+            error = self._wait(procs)
+        wall = time.monotonic() - started
+        results = [self._read(spec["result"]) for spec in specs]
+        if error or any(r is None for r in results):
+            return Measurement(case, round_index, ok=False, wall_seconds=wall, log=log_path,
+                               error=error or "no result written")
+        chief = results[0]
+        return Measurement(case, round_index, ok=True, wall_seconds=wall, log=log_path,
+                           examples_per_sec=chief["examples_per_sec"],
+                           first_step_seconds=chief["first_step_seconds"],
+                           peak_rss_mb=max(r["peak_rss_mb"] for r in results),
+                           cpu_ms_per_step=chief["cpu_ms_per_step"], onednn=chief.get("onednn"))
+
+    def _tf_configs(self, case: Case) -> List[Optional[str]]:
+        if case.strategy != "multi_worker_mirrored":
+            return [None]
+        from estimator_dist import launcher
+
+        names = launcher.task_names(case.workers, 0, False)
+        configs = launcher.make_tf_configs(names, launcher.free_ports(len(names)))
+        return [configs[name] for name in names]
+
+    def _launch(self, spec, tag, worker, tf_configs, log):
+        path = os.path.join(self.work_dir, "specs", f"{tag}.w{worker}.json")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("TF_CONFIG", None)
+        if spec["tf_defaults"]:
+            env.pop(ONEDNN, None)
+        else:
+            env.setdefault(ONEDNN, ONEDNN_DEFAULT)  # as `estimator-dist train` runs
+        if tf_configs[worker]:
+            env["TF_CONFIG"] = tf_configs[worker]
+        argv = [sys.executable, "-c", "from estimator_dist.bench import child_main; child_main()",
+                path]
+        spec = dict(spec, t0=time.monotonic())
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(spec, f)
+        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _wait(self, procs) -> str:
+        deadline = time.monotonic() + self.options.case_timeout
+        error = ""
+        for proc in procs:
+            try:
+                code = proc.wait(max(0.1, deadline - time.monotonic()))
+                if code != 0 and not error:
+                    error = f"exit code {code}"
+            except subprocess.TimeoutExpired:
+                error = error or f"timed out after {self.options.case_timeout:.0f} s"
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()  # by PID, the process we started
+                proc.wait()
+        return error
+
+    @staticmethod
+    def _read(path) -> Optional[Dict]:
+        if not os.path.isfile(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+
+
+def options_from_args(args) -> Options:
+    """Options from the `bench` subcommand's parsed flags."""
+    quick = bool(args.quick)
+    models = tuple(m.strip() for m in args.models.split(",") if m.strip()) or MODELS
+    return Options(
+        output_dir=args.output_dir, quick=quick,
+        rounds=1 if args.rounds is None else args.rounds, models=models,
+        case_timeout=args.case_timeout or (QUICK_CASE_TIMEOUT_S if quick else CASE_TIMEOUT_S),
+        only=tuple(c.strip() for c in args.cases.split(",") if c.strip()))
+
+
+def check_options(options: Options):
+    if options.rounds < 1:
+        raise UserError(f"--rounds {options.rounds}: must be >= 1")
+    unknown = [m for m in options.models if m not in MODELS]
+    if unknown or not options.models:
+        raise UserError(f"--models {','.join(options.models)}: choose from {', '.join(MODELS)}")
+    if options.case_timeout <= 0:
+        raise UserError(f"--case_timeout {options.case_timeout}: must be > 0")
+
+
+def schedule(options: Options) -> List[List[Case]]:
+    """The cases of each round, in order; every other round reversed (ABBA)."""
+    cases = [case for model in options.models for case in cases_for(model)]
+    if options.quick:
+        cases = [c for c in cases if c.name in QUICK_CASES[c.model]]
+    if options.only:
+        cases = [c for c in cases if any(text in c.name for text in options.only)]
+        if not cases:
+            raise UserError(f"--cases {','.join(options.only)}: matches no case; case names: "
+                            f"{'; '.join(c.name for c in cases_for(MODELS[0]))}")
+    rounds = []
+    for r in range(options.rounds):
+        rounds.append(list(cases) if r % 2 == 0 else list(reversed(cases)))
+    return rounds
+
+
+def _median(values):
+    values = [v for v in values if v == v]
+    return statistics.median(values) if values else float("nan")
+
+
+@dataclass
+class Row:
+    """A case's figures over the rounds."""
+
+    case: Case
+    batch: int
+    runs: List[Measurement]
+
+    @property
+    def ok_runs(self):
+        return [m for m in self.runs if m.ok]
+
+    @property
+    def examples_per_sec(self):
+        return _median([m.examples_per_sec for m in self.ok_runs])
+
+    @property
+    def first_step_seconds(self):
+        return _median([m.first_step_seconds for m in self.ok_runs])
+
+    @property
+    def cpu_ms_per_step(self):
+        return _median([m.cpu_ms_per_step for m in self.ok_runs])
+
+    @property
+    def onednn(self) -> str:
+        seen = {m.onednn for m in self.ok_runs}
+        return "on" if seen == {True} else "off" if seen == {False} else "?"
+
+    @property
+    def peak_rss_mb(self):
+        values = [m.peak_rss_mb for m in self.ok_runs]
+        return max(values) if values else float("nan")
+
+
+def make_rows(options: Options, measurements: List[Measurement]) -> List[Row]:
+    settings = QUICK_SETTINGS if options.quick else SETTINGS
+    rows = []
+    for case in schedule(options)[0]:
+        runs = [m for m in measurements if m.case == case]
+        rows.append(Row(case, settings[case.model].batch * case.workers, runs))
+    return rows
+
+
+def target_rows(options: Options, measurements: List[Measurement]) -> List[Dict]:
+    """Each target per model: the median over rounds of the ratio measured within a round.
+
+    `cpu_ratio` is the same comparison in examples per CPU-second of the (chief)
+    process: the work each way costs, which other tenants' load moves far less than
+    wall time (it is not what a user waits for, so the targets are judged on wall time).
+    """
+    out = []
+    for model in options.models:
+        for label, num, den, kind, goal in TARGETS:
+            ratios, cpu = [], []
+            for r in range(options.rounds):
+                a = _find(measurements, model, num, r)
+                b = _find(measurements, model, den, r)
+                if a is None or b is None:
+                    continue
+                if kind == "max":
+                    ratios.append(a.first_step_seconds / b.first_step_seconds)
+                    continue
+                # Per-worker (scaling) or global batches are equal within every pair.
+                cpu.append(b.cpu_ms_per_step / a.cpu_ms_per_step)
+                if kind == "scaling":
+                    ratios.append(a.examples_per_sec / (2.0 * b.examples_per_sec))
+                else:
+                    ratios.append(a.examples_per_sec / b.examples_per_sec)
+            value = _median(ratios)
+            met = (value <= goal if kind == "max" else value >= goal) if value == value else None
+            out.append({"model": model, "target": label, "ratio": value,
+                        "goal": f"{'<=' if kind == 'max' else '>='} {goal:g}",
+                        "met": met, "rounds": [round(x, 4) for x in ratios],
+                        "cpu_ratio": _median(cpu)})
+    return out
+
+
+def _find(measurements, model, name, round_index) -> Optional[Measurement]:
+    for m in measurements:
+        if m.case.model == model and m.case.name == name and m.round == round_index and m.ok:
+            return m
+    return None
+
+
+def format_table(rows: List[Row], settings) -> str:
+    head = f"{'model':<20} {'case':<52} {'batch':>5} {'examples/sec':>12} {'rounds':<15} " \
+           f"{'1st step s':>10} {'peak RSS MB':>11} {'CPU ms/step':>11} {'oneDNN':>6}"
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        per_round = ", ".join(f"{m.examples_per_sec:.0f}" if m.ok else "failed" for m in row.runs)
+        lines.append(f"{settings[row.case.model].title:<20} {row.case.name:<52} {row.batch:>5} "
+                     f"{row.examples_per_sec:>12,.1f} {per_round:<15} "
+                     f"{row.first_step_seconds:>10.1f} {row.peak_rss_mb:>11.0f} "
+                     f"{row.cpu_ms_per_step:>11.1f} {row.onednn:>6}")
+    return "\n".join(lines)
+
+
+def format_targets(targets: List[Dict]) -> str:
+    """The targets whose cases ran (a --cases or --quick run leaves some out)."""
+    head = f"{'model':<6} {'target':<50} {'ratio':>7} {'goal':>7}  result   {'CPU ratio':>9}  " \
+           f"per round"
+    lines = [head, "-" * len(head)]
+    measured = [t for t in targets if t["rounds"]]
+    if not measured:
+        return "targets: none of their case pairs ran"
+    for t in measured:
+        verdict = "n/a" if t["met"] is None else ("met" if t["met"] else "MISSED")
+        cpu = "" if t["cpu_ratio"] != t["cpu_ratio"] else f"{t['cpu_ratio']:.3f}"
+        lines.append(f"{t['model']:<6} {t['target']:<50} {t['ratio']:>7.3f} {t['goal']:>7}  "
+                     f"{verdict:<8} {cpu:>9}  {', '.join(f'{x:.3f}' for x in t['rounds'])}")
+    return "\n".join(lines)
+
+
+def write_csv(path: str, rows: List[Row], settings):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "case", "driver", "strategy", "num_devices", "workers", "input",
+                    "global_batch", "warmup_steps", "measured_steps", "examples_per_sec",
+                    "examples_per_sec_per_round", "first_step_seconds", "peak_rss_mb",
+                    "cpu_ms_per_step", "onednn", "failed_runs"])
+        for row in rows:
+            s = settings[row.case.model]
+            w.writerow([row.case.model, row.case.name, row.case.driver, row.case.strategy,
+                        row.case.num_devices, row.case.workers,
+                        "cifar_binary" if row.case.real_input else "memory", row.batch, s.warmup,
+                        s.steps, f"{row.examples_per_sec:.2f}",
+                        ";".join(f"{m.examples_per_sec:.2f}" for m in row.ok_runs),
+                        f"{row.first_step_seconds:.2f}", f"{row.peak_rss_mb:.1f}",
+                        f"{row.cpu_ms_per_step:.2f}", row.onednn,
+                        len(row.runs) - len(row.ok_runs)])
+
+
+def write_targets_csv(path: str, targets: List[Dict]):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "target", "ratio", "goal", "met", "ratio_per_round", "cpu_ratio"])
+        for t in targets:
+            w.writerow([t["model"], t["target"], f"{t['ratio']:.4f}", t["goal"],
+                        "" if t["met"] is None else t["met"],
+                        ";".join(str(x) for x in t["rounds"]), f"{t['cpu_ratio']:.4f}"])
+
+
+COLOURS = {"project": "#1f77b4", "plain": "#7f7f7f", "keras": "#d62728"}
+
+
+def write_plot(path: str, rows: List[Row], settings, subtitle: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r.case.model for r in rows))
+    fig, axes = plt.subplots(len(models), 2, figsize=(14, 4.2 * len(models)), squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 1.4]})
+    for i, model in enumerate(models):
+        mine = [r for r in rows if r.case.model == model]
+        names = [r.case.name for r in mine]
+        y = np.arange(len(mine))
+        colours = [COLOURS[r.case.driver] for r in mine]
+        ax = axes[i][0]
+        ax.barh(y, [r.examples_per_sec for r in mine], color=colours)
+        for k, r in enumerate(mine):
+            ax.plot([m.examples_per_sec for m in r.ok_runs], [k] * len(r.ok_runs), "k.", ms=4)
+        ax.set_yticks(y)
+        ax.set_yticklabels(names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("global examples/sec (median of rounds; dots: each round)")
+        ax.set_title(f"{settings[model].title}, batch {settings[model].batch} per worker")
+        ax2 = axes[i][1]
+        ax2.barh(y, [r.first_step_seconds for r in mine], color=colours)
+        ax2.set_yticks(y)
+        ax2.set_yticklabels([])
+        ax2.invert_yaxis()
+        ax2.set_xlabel("seconds from process start to first step")
+    fig.suptitle(f"estimator-dist bench: {subtitle}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def machine_line() -> str:
+    import platform
+
+    load = os.getloadavg()
+    return (f"{os.cpu_count()} CPU(s), {platform.processor() or platform.machine()}, "
+            f"load average {load[0]:.2f}")
+
+
+def run(options: Options) -> int:
+    """Run every case, print the tables, write bench.csv, targets.csv, bench.json, bench.png."""
+    check_options(options)
+    say = options.emit
+    started = time.monotonic()
+    out = options.output_dir
+    work = os.path.join(out, "work")
+    shutil.rmtree(work, ignore_errors=True)
+    for sub in ("model_dirs", "results", "specs"):
+        os.makedirs(os.path.join(work, sub), exist_ok=True)
+    shutil.rmtree(os.path.join(out, "logs"), ignore_errors=True)
+    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    settings = QUICK_SETTINGS if options.quick else SETTINGS
+    records = 64 if options.quick else REAL_RECORDS_PER_FILE
+    cifar_dir = write_cifar_files(os.path.join(work, "cifar10"), records)
+    rounds = schedule(options)
+    total = sum(len(r) for r in rounds)
+    say(f"bench: {total} case runs ({len(rounds)} round(s) of {len(rounds[0])}) on "
+        f"{machine_line()}; logs in {os.path.join(out, 'logs')}")
+    runner = Runner(options, os.path.abspath(work), cifar_dir)
+    measurements = []
+    for r, cases in enumerate(rounds):
+        for case in cases:
+            m = runner.run(case, r)
+            measurements.append(m)
+            figure = (f"{m.examples_per_sec:,.1f} examples/sec, first step "
+                      f"{m.first_step_seconds:.1f} s" if m.ok else f"FAILED ({m.error}; see {m.log})")
+            say(f"[{len(measurements)}/{total}] {settings[case.model].title} | {case.name}: "
+                f"{figure} ({m.wall_seconds:.0f} s)")
+    rows = make_rows(options, measurements)
+    targets = target_rows(options, measurements)
+    elapsed = time.monotonic() - started
+    subtitle = (f"{'quick, ' if options.quick else ''}{options.rounds} round(s), "
+                f"{machine_line()} at the end, {elapsed / 60:.1f} min")
+    say("")
+    say(format_table(rows, settings))
+    say("")
+    say(format_targets(targets))
+    write_csv(os.path.join(out, "bench.csv"), rows, settings)
+    write_targets_csv(os.path.join(out, "targets.csv"), targets)
+    with open(os.path.join(out, "bench.json"), "w", encoding="utf-8") as f:
+        json.dump({"options": {"quick": options.quick, "rounds": options.rounds,
+                               "models": list(options.models),
+                               "extra_args": list(options.extra_args)},
+                   "settings": {m: vars(settings[m]) for m in options.models},
+                   "machine": subtitle,
+                   "runs": [{"case": m.case.key, "round": m.round, "ok": m.ok,
+                             "examples_per_sec": m.examples_per_sec,
+                             "first_step_seconds": m.first_step_seconds,
+                             "peak_rss_mb": m.peak_rss_mb, "cpu_ms_per_step": m.cpu_ms_per_step,
+                             "onednn": m.onednn, "wall_seconds": m.wall_seconds,
+                             "error": m.error} for m in measurements],
+                   "targets": targets}, f, indent=2)
+    write_plot(os.path.join(out, "bench.png"), rows, settings, subtitle)
+    shutil.rmtree(work, ignore_errors=True)
+    say("")
+    say(f"wrote {out}/bench.csv, targets.csv, bench.json, bench.png ({elapsed / 60:.1f} min)")
+    failed = [m for m in measurements if not m.ok]
+    if failed:
+        say(f"bench: {len(failed)} case run(s) failed; see their logs under {out}/logs")
+        return 1
+    return 0

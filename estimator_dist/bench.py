@@ -7,9 +7,10 @@ round (ABBA), so that the load of a shared machine falls on all of them alike;
 a case's figure is the median over rounds, a ratio the median of the ratios
 taken within each round.
 
-Throughput is GLOBAL examples/sec (every replica and worker) over a fixed
-number of steps after a discarded warm-up, on the same in-memory data, batch
-and step count for every case. multi_worker_mirrored runs one process per
+Throughput is GLOBAL examples/sec (every replica and worker) in steady state:
+global batch / the median step time over a fixed number of steps after a
+discarded warm-up (the mean over those steps is shown beside it, as "window"),
+on the same in-memory data, batch and step count for every case. multi_worker_mirrored runs one process per
 worker, each pinned to one core, with the per-worker batch fixed (weak scaling,
 as tf_cnn_benchmarks and Horovod report scaling).
 """
@@ -51,8 +52,8 @@ class ModelSettings:
 
 
 SETTINGS = {
-    "cifar": ModelSettings("cifar", "ResNet-20 (cifar)", batch=64, warmup=5, steps=15),
-    "mlp": ModelSettings("bench_mlp", "MLP 3072-256-256-10", batch=256, warmup=20, steps=100),
+    "cifar": ModelSettings("cifar", "ResNet-20 (cifar)", batch=64, warmup=5, steps=20),
+    "mlp": ModelSettings("bench_mlp", "MLP 3072-256-256-10", batch=256, warmup=20, steps=200),
 }
 QUICK_SETTINGS = {
     "cifar": ModelSettings("cifar", "ResNet-20 (cifar)", batch=8, warmup=1, steps=2),
@@ -134,7 +135,8 @@ class Measurement:
     case: Case
     round: int
     ok: bool
-    examples_per_sec: float = float("nan")
+    examples_per_sec: float = float("nan")  # from the median step
+    window_examples_per_sec: float = float("nan")  # over the whole measured window
     first_step_seconds: float = float("nan")
     peak_rss_mb: float = float("nan")
     cpu_ms_per_step: float = float("nan")
@@ -237,6 +239,7 @@ class Runner:
         chief = results[0]
         return Measurement(case, round_index, ok=True, wall_seconds=wall, log=log_path,
                            examples_per_sec=chief["examples_per_sec"],
+                           window_examples_per_sec=chief["window_examples_per_sec"],
                            first_step_seconds=chief["first_step_seconds"],
                            peak_rss_mb=max(r["peak_rss_mb"] for r in results),
                            cpu_ms_per_step=chief["cpu_ms_per_step"], onednn=chief.get("onednn"))
@@ -351,6 +354,10 @@ class Row:
         return _median([m.examples_per_sec for m in self.ok_runs])
 
     @property
+    def window_examples_per_sec(self):
+        return _median([m.window_examples_per_sec for m in self.ok_runs])
+
+    @property
     def first_step_seconds(self):
         return _median([m.first_step_seconds for m in self.ok_runs])
 
@@ -421,12 +428,13 @@ def _find(measurements, model, name, round_index) -> Optional[Measurement]:
 
 def format_table(rows: List[Row], settings) -> str:
     head = f"{'model':<20} {'case':<52} {'batch':>5} {'examples/sec':>12} {'rounds':<15} " \
-           f"{'1st step s':>10} {'peak RSS MB':>11} {'CPU ms/step':>11} {'oneDNN':>6}"
+           f"{'window ex/s':>11} {'1st step s':>10} {'peak RSS MB':>11} {'CPU ms/step':>11} {'oneDNN':>6}"
     lines = [head, "-" * len(head)]
     for row in rows:
         per_round = ", ".join(f"{m.examples_per_sec:.0f}" if m.ok else "failed" for m in row.runs)
         lines.append(f"{settings[row.case.model].title:<20} {row.case.name:<52} {row.batch:>5} "
                      f"{row.examples_per_sec:>12,.1f} {per_round:<15} "
+                     f"{row.window_examples_per_sec:>11,.0f} "
                      f"{row.first_step_seconds:>10.1f} {row.peak_rss_mb:>11.0f} "
                      f"{row.cpu_ms_per_step:>11.1f} {row.onednn:>6}")
     return "\n".join(lines)
@@ -453,7 +461,7 @@ def write_csv(path: str, rows: List[Row], settings):
         w = csv.writer(f)
         w.writerow(["model", "case", "driver", "strategy", "num_devices", "workers", "input",
                     "global_batch", "warmup_steps", "measured_steps", "examples_per_sec",
-                    "examples_per_sec_per_round", "first_step_seconds", "peak_rss_mb",
+                    "examples_per_sec_per_round", "window_examples_per_sec", "first_step_seconds", "peak_rss_mb",
                     "cpu_ms_per_step", "onednn", "failed_runs"])
         for row in rows:
             s = settings[row.case.model]
@@ -462,6 +470,7 @@ def write_csv(path: str, rows: List[Row], settings):
                         "cifar_binary" if row.case.real_input else "memory", row.batch, s.warmup,
                         s.steps, f"{row.examples_per_sec:.2f}",
                         ";".join(f"{m.examples_per_sec:.2f}" for m in row.ok_runs),
+                        f"{row.window_examples_per_sec:.2f}",
                         f"{row.first_step_seconds:.2f}", f"{row.peak_rss_mb:.1f}",
                         f"{row.cpu_ms_per_step:.2f}", row.onednn,
                         len(row.runs) - len(row.ok_runs)])
@@ -571,6 +580,7 @@ def run(options: Options) -> int:
                    "machine": subtitle,
                    "runs": [{"case": m.case.key, "round": m.round, "ok": m.ok,
                              "examples_per_sec": m.examples_per_sec,
+                             "window_examples_per_sec": m.window_examples_per_sec,
                              "first_step_seconds": m.first_step_seconds,
                              "peak_rss_mb": m.peak_rss_mb, "cpu_ms_per_step": m.cpu_ms_per_step,
                              "onednn": m.onednn, "wall_seconds": m.wall_seconds,

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import resource
+import statistics
 import sys
 import time
 
@@ -131,14 +132,21 @@ class Clock:
         window = self.times[-1] - self.times[warm - 1] if warm else self.times[-1] - self.times[0]
         steps = self.spec["steps"] if warm else self.spec["steps"] - 1
         cpu = self.cpu[-1] - self.cpu[warm - 1] if warm else self.cpu[-1] - self.cpu[0]
+        step_seconds = [b - a for a, b in zip(self.times[warm:], self.times[warm + 1:])]
+        if warm:
+            step_seconds.insert(0, self.times[warm] - self.times[warm - 1])
         return {
-            "examples_per_sec": steps * self.spec["global_batch"] / max(window, 1e-9),
+            # Steady state: the median step, which a burst of another process's load on a
+            # shared machine moves far less than it moves the mean over the window.
+            "examples_per_sec": self.spec["global_batch"] / max(statistics.median(step_seconds), 1e-9),
+            # Every measured step counted, periodic work (summaries, logging) included.
+            "window_examples_per_sec": steps * self.spec["global_batch"] / max(window, 1e-9),
             # Process CPU time (all threads) per step: the work done, little moved by
             # other processes' load, unlike wall time.
             "cpu_ms_per_step": 1000.0 * cpu / max(steps, 1),
             "first_step_seconds": self.times[0] - self.spec["t0"],
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-            "step_seconds": [b - a for a, b in zip(self.times[warm:], self.times[warm + 1:])],
+            "step_seconds": step_seconds,
             "onednn": onednn_enabled(),
         }
 

@@ -114,3 +114,18 @@ def test_quick_bench_writes_table_csv_and_png(tmp_path):
     height, width = image.imread(str(out / "bench.png")).shape[:2]
     assert width > 800 and height > 400
     assert not (out / "work").exists()  # model dirs and data are cleaned up
+
+
+def test_steady_state_rate_is_the_median_step_and_the_window_mean_is_kept():
+    from estimator_dist import bench_cases
+
+    clock = bench_cases.Clock({"warmup": 2, "steps": 5, "global_batch": 100, "t0": 0.0,
+                               "result": ""})
+    # Warm-up ends at t=3; five measured steps of 1 s, one of them 11 s (another tenant's burst).
+    clock.times = [2.0, 3.0, 4.0, 5.0, 16.0, 17.0, 18.0]
+    clock.cpu = [0.0] * len(clock.times)
+    result = clock.result()
+    assert result["step_seconds"] == [1.0, 1.0, 11.0, 1.0, 1.0]
+    assert math.isclose(result["examples_per_sec"], 100.0)
+    assert math.isclose(result["window_examples_per_sec"], 5 * 100 / 15.0)
+    assert math.isclose(result["first_step_seconds"], 2.0)

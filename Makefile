@@ -18,8 +18,14 @@ WORKERS ?= 2
 PS ?= 0
 EVALUATOR ?= 1
 BENCH_DIR ?= runs/bench
+LAUNCHER ?=
+HOROVOD ?= horovod==0.28.1
+HOROVOD_STAMP := $(VENV)/.horovod
+HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+  HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=gloo
+HVD := $(filter horovod,$(LAUNCHER) $(STRATEGY))
 
-.PHONY: venv train test bench export predict list cluster clean distclean
+.PHONY: venv horovod train test bench export predict list cluster clean distclean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,18 +35,27 @@ $(STAMP): setup.py
 
 venv: $(STAMP)
 
+# Horovod compiles against the TensorFlow already in .venv, so it comes after it and without
+# build isolation (needs cmake and g++; about 10 minutes on 2 cores once, then pip's wheel cache).
+$(HOROVOD_STAMP): $(STAMP)
+	$(HOROVOD_ENV) $(BIN)/python -m pip install -q --no-build-isolation '$(HOROVOD)'
+	touch $(HOROVOD_STAMP)
+
+horovod: $(HOROVOD_STAMP)
+
 train: $(STAMP)
 	$(BIN)/estimator-dist train --model $(MODEL) --strategy $(STRATEGY) \
 	  --num_devices $(NUM_DEVICES) --model_dir $(MODEL_DIR) $(if $(STEPS),--train_steps $(STEPS)) $(ARGS)
 
-test: $(STAMP)
+test: $(HOROVOD_STAMP)
 	$(BIN)/python -m pytest -q tests $(TESTARGS)
 
-bench: $(STAMP)
+bench: $(HOROVOD_STAMP)
 	$(BIN)/estimator-dist bench --output_dir $(BENCH_DIR) $(ARGS)
 
-cluster: $(STAMP)
-	$(BIN)/estimator-dist cluster --workers $(WORKERS) --ps $(PS) $(if $(filter 1,$(EVALUATOR)),--evaluator) \
+cluster: $(STAMP) $(if $(HVD),$(HOROVOD_STAMP))
+	$(BIN)/estimator-dist cluster $(if $(LAUNCHER),--launcher $(LAUNCHER)) --workers $(WORKERS) \
+	  $(if $(HVD),,--ps $(PS) $(if $(filter 1,$(EVALUATOR)),--evaluator)) \
 	  --model $(MODEL) --model_dir $(MODEL_DIR) $(if $(STEPS),--train_steps $(STEPS)) \
 	  $(if $(filter-out none,$(STRATEGY)),--strategy $(STRATEGY)) $(ARGS)
 

@@ -13,9 +13,10 @@ TRAIN_FLAGS = {
     "label_column": (str, "the label column of --data_path"),
     "synthetic": (bool, "use generated in-memory data of the right shapes"),
     "strategy": (str, "none | one_device | mirrored | central_storage | tower | "
-                      "multi_worker_mirrored | parameter_server (default none); tower: one model "
-                      "replica per device over one set of variables, any batch size; the last "
-                      "two need TF_CONFIG (see 'cluster')"),
+                      "multi_worker_mirrored | parameter_server | horovod (default none); tower: "
+                      "one model replica per device over one set of variables, any batch size; "
+                      "multi_worker_mirrored and parameter_server need TF_CONFIG, horovod a "
+                      "Horovod launch (see 'cluster'; without one it runs as 1 rank)"),
     "num_devices": (int, "devices to use: 0 = auto (all GPUs, else 1 CPU); on a CPU-only "
                          "machine N logical CPU devices"),
     "variable_device": (str, "tower only: where the one set of variables lives, cpu | device0 "
@@ -106,13 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--batch_size", type=int, default=256)
     _add_common(pr)
 
-    cl = sub.add_parser("cluster", help="run a TF_CONFIG cluster as local processes on 127.0.0.1; "
-                                        "other flags go to every task's train command")
+    cl = sub.add_parser("cluster", help="run a TF_CONFIG cluster or Horovod ranks as local "
+                                        "processes on 127.0.0.1; other flags go to every "
+                                        "task's train command")
     _add_cluster_shape(cl)
+    cl.add_argument("--launcher", choices=["tf_config", "horovod"], default=None,
+                    help="tf_config: TF_CONFIG tasks (default); horovod: --workers Horovod ranks "
+                         "over gloo, --strategy horovod (implied by --strategy horovod)")
     cl.add_argument("--max_restarts", type=int, default=3,
                     help="restarts of dead tasks allowed in all (default 3)")
     cl.add_argument("--startup_timeout", type=float, default=120.0,
-                    help="seconds a task may take to start listening (default 120)")
+                    help="seconds a task may take to start listening (a Horovod rank: to "
+                         "reach the rendezvous) (default 120)")
 
     tj = sub.add_parser("tfjob", help="write a Kubeflow TFJob manifest whose replicas run the "
                                       "train command; other flags go to that command")
@@ -154,7 +160,14 @@ def main(argv=None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command in PASS_THROUGH:
-        args.train_args = rest
+        from estimator_dist import launcher
+
+        try:
+            args.train_args = launcher.train_args_for(args.command, getattr(args, "launcher", None),
+                                                      rest)
+        except errors.UserError as e:
+            print(f"estimator-dist: {e.label}: {e}", file=sys.stderr)
+            return e.exit_code
         args.verbose = "--verbose" in rest
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

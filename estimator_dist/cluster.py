@@ -121,6 +121,10 @@ def parse(text: str) -> ClusterSpec:
 
 def check_strategy(spec: ClusterSpec, strategy: str):
     """A strategy must fit the cluster: say which one does when it does not."""
+    if strategy == "horovod":
+        raise UserError("--strategy horovod does not use TF_CONFIG, but it is set; unset it and "
+                        "start the ranks with 'estimator-dist cluster --launcher horovod' (or "
+                        "horovodrun --gloo)")
     if strategy == "parameter_server" and not spec.num_ps:
         raise UserError(f"--strategy parameter_server needs ps tasks, but TF_CONFIG's cluster has "
                         f"none; add \"ps\": [\"host:port\"] or use --strategy multi_worker_mirrored")

@@ -75,7 +75,12 @@ def make_tf_configs(names: List[str], ports: List[int]) -> Dict[str, str]:
 
 @dataclass
 class Task:
-    """One process of the cluster."""
+    """One process of the cluster.
+
+    A Horovod rank has no port of its own: `ready` says when it reached the
+    rendezvous, `kind` is its role (chief for rank 0, else worker) and `env`
+    holds its HOROVOD_* variables.
+    """
 
     name: str
     argv: List[str]
@@ -85,10 +90,13 @@ class Task:
     started_at: float = 0.0
     up: bool = False
     reader: Optional[threading.Thread] = field(default=None, repr=False)
+    env: Dict[str, str] = field(default_factory=dict)
+    ready: Optional[Callable[[], bool]] = field(default=None, repr=False)
+    kind: str = ""
 
     @property
     def role(self) -> str:
-        return self.name.split(":")[0]
+        return self.kind or self.name.split(":")[0]
 
 
 class Supervisor:
@@ -96,7 +104,8 @@ class Supervisor:
 
     def __init__(self, tasks: List[Task], whole_restart: bool, max_restarts: int,
                  startup_timeout: float, final_eval_timeout: float = 600.0,
-                 emit: Callable[[str], None] = print, relaunch: Optional[Callable] = None):
+                 emit: Callable[[str], None] = print, relaunch: Optional[Callable] = None,
+                 workers_exit_timeout: float = 0.0):
         self.tasks = tasks
         self.whole_restart = whole_restart
         self.max_restarts = max_restarts
@@ -104,6 +113,9 @@ class Supervisor:
         self.final_eval_timeout = final_eval_timeout
         self.emit = emit
         self.relaunch = relaunch  # () -> new task list (fresh ports) for whole restarts
+        # Seconds the workers get to end by themselves once the chief is done (Horovod
+        # ranks stop on the same step as rank 0, then exit); 0: stop them at once.
+        self.workers_exit_timeout = workers_exit_timeout
         self.restarts = 0
         self._lock = threading.Lock()
         self._stopping = False
@@ -120,11 +132,14 @@ class Supervisor:
         stream.close()
 
     def start(self, task: Task):
-        env = {**os.environ, "TF_CONFIG": task.tf_config, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **task.env}
+        env.pop("TF_CONFIG", None)  # a Horovod rank must not see one (RunConfig would read it)
+        if task.tf_config:
+            env["TF_CONFIG"] = task.tf_config
         task.process = subprocess.Popen(task.argv, env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         task.started_at = time.monotonic()
-        task.up = task.port is None or task.role == "evaluator"
+        task.up = (task.port is None and task.ready is None) or task.role == "evaluator"
         task.reader = threading.Thread(target=self._pump, args=(task, task.process.stdout), daemon=True)
         task.reader.start()
         self.say(f"started {task.name} pid {task.process.pid}"
@@ -165,12 +180,14 @@ class Supervisor:
     def _check_startup(self, task: Task):
         if task.up:
             return
-        if listening(task.port):
+        if task.ready() if task.ready else listening(task.port):
             task.up = True
         elif time.monotonic() - task.started_at > self.startup_timeout:
-            raise ClusterFailed(f"{task.name} did not start listening on {LOOPBACK}:{task.port} "
-                                f"within {self.startup_timeout:.0f} s (see its lines above); "
-                                f"raise --startup_timeout if the machine is slow")
+            where = ("reach the Horovod rendezvous" if task.ready
+                     else f"start listening on {LOOPBACK}:{task.port}")
+            raise ClusterFailed(f"{task.name} did not {where} within {self.startup_timeout:.0f} s "
+                                f"(see its lines above); raise --startup_timeout if the machine "
+                                f"is slow")
 
     def _restart(self, task: Task, code: int):
         if self.restarts >= self.max_restarts:
@@ -189,7 +206,27 @@ class Supervisor:
                      f"(restart {self.restarts}/{self.max_restarts})")
             self.start(task)
 
+    def _workers_ended_cleanly(self) -> bool:
+        """Wait for the workers to exit by themselves; False if one failed or had to be stopped."""
+        deadline = time.monotonic() + self.workers_exit_timeout
+        workers = [t for t in self.tasks if t.role == "worker"]
+        while time.monotonic() < deadline and any(t.process.poll() is None for t in workers):
+            time.sleep(POLL_SECONDS)
+        clean = True
+        for task in workers:
+            code = task.process.poll()
+            if code is None:
+                self.say(f"{task.name} did not end within {self.workers_exit_timeout:.0f} s of "
+                         f"the chief; stopping it")
+            elif code != 0:
+                self.say(f"{task.name} exited with code {code} after the chief finished")
+            clean = clean and code == 0
+        return clean
+
     def _finish(self, chief: Task) -> int:
+        if self.workers_exit_timeout and not self._workers_ended_cleanly():
+            self.stop_all()
+            return EXIT_CLUSTER_FAILED
         evaluator = next((t for t in self.tasks if t.role == "evaluator"), None)
         if evaluator and evaluator.process.poll() is None:
             self.say("chief finished; waiting for the evaluator's final evaluation and export")
@@ -257,6 +294,11 @@ def check_shape(workers: int, ps: int, strategy: str):
         raise UserError(f"--workers {workers}: must be >= 1 (it counts the chief)")
     if ps < 0:
         raise UserError(f"--ps {ps}: must be >= 0")
+    if strategy == "horovod":
+        if ps:
+            raise UserError(f"--ps {ps}: Horovod has no parameter servers (every rank all-reduces "
+                            f"its gradients); drop --ps")
+        return
     from estimator_dist import cluster
 
     names = task_names(workers, ps, False)
@@ -284,13 +326,21 @@ def install_signal_handlers():
 
 def launch(train_args: List[str], workers: int, ps: int, evaluator: bool, max_restarts: int,
            startup_timeout: float, emit=print) -> int:
-    """Run the cluster to completion; returns the chief's exit code (or 3 / 130)."""
+    """Run the cluster to completion; returns the chief's exit code (or 3 / 130).
+
+    `--strategy horovod` in train_args runs Horovod ranks instead (horovod_launch.py).
+    """
     strategy = _strategy_in(train_args)
     check_shape(workers, ps, strategy)
     if max_restarts < 0:
         raise UserError(f"--max_restarts {max_restarts}: must be >= 0")
     if startup_timeout <= 0:
         raise UserError(f"--startup_timeout {startup_timeout}: must be > 0")
+    if strategy == "horovod":
+        from estimator_dist import horovod_launch
+
+        return horovod_launch.launch(train_args, workers, evaluator, max_restarts,
+                                     startup_timeout, emit)
 
     def fresh():
         return build_tasks(train_args, workers, ps, evaluator)
@@ -302,10 +352,34 @@ def launch(train_args: List[str], workers: int, ps: int, evaluator: bool, max_re
     return supervisor.run()
 
 
-def _strategy_in(train_args: List[str]) -> str:
+def train_args_for(command: str, launcher: Optional[str], train_args: List[str]) -> List[str]:
+    """The train flags of `cluster`/`tfjob`: --launcher horovod means --strategy horovod.
+
+    The launcher follows the strategy: `--strategy horovod` alone runs Horovod
+    ranks too; a launcher that contradicts the strategy is an error.
+    """
+    strategy = _strategy_in(train_args, required=False)
+    if command == "tfjob" and strategy == "horovod":
+        raise UserError("tfjob --strategy horovod: a TFJob runs TF_CONFIG tasks; run Horovod "
+                        "ranks with 'estimator-dist cluster --launcher horovod' (on Kubernetes, "
+                        "Kubeflow's MPIJob runs horovodrun)")
+    if launcher == "horovod" and strategy not in (None, "horovod"):
+        raise UserError(f"--launcher horovod runs --strategy horovod, got --strategy {strategy}; "
+                        f"drop --strategy or use --launcher tf_config")
+    if launcher == "tf_config" and strategy == "horovod":
+        raise UserError("--launcher tf_config --strategy horovod: Horovod ranks are started by "
+                        "--launcher horovod; drop --launcher tf_config")
+    if launcher == "horovod" and strategy is None:
+        return list(train_args) + ["--strategy", "horovod"]
+    return list(train_args)
+
+
+def _strategy_in(train_args: List[str], required: bool = True) -> Optional[str]:
     for i, arg in enumerate(train_args):
         if arg == "--strategy" and i + 1 < len(train_args):
             return train_args[i + 1]
         if arg.startswith("--strategy="):
             return arg.split("=", 1)[1]
+    if not required:
+        return None
     raise UserError("the cluster launcher needs --strategy in the train flags")

@@ -11,6 +11,7 @@ import inspect
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
@@ -24,6 +25,8 @@ from estimator_dist import early_stopping
 from estimator_dist import evaluator as evaluator_lib
 from estimator_dist import export as export_lib
 from estimator_dist import guards
+from estimator_dist import horovod as hvd_lib
+from estimator_dist import horovod_train
 from estimator_dist import strategies
 from estimator_dist import towers
 from estimator_dist.errors import UserError
@@ -60,11 +63,23 @@ class Plan:
     input_meta: Dict[str, Any]
     model_dir: str
     cluster: Optional[cluster_lib.ClusterSpec] = None
+    ranks: Optional[hvd_lib.Ranks] = None  # --strategy horovod
 
     @property
     def role(self) -> str:
-        """local, chief, worker, ps or evaluator."""
-        return self.cluster.task_type if self.cluster else "local"
+        """local, chief, worker, ps or evaluator (Horovod: rank 0 is the chief)."""
+        if self.cluster:
+            return self.cluster.task_type
+        if self.ranks and self.ranks.size > 1:
+            return "chief" if self.ranks.is_root else "worker"
+        return "local"
+
+    @property
+    def num_workers(self) -> int:
+        """Training processes: the cluster's workers, or the Horovod ranks."""
+        if self.cluster:
+            return self.cluster.num_workers
+        return self.ranks.size if self.ranks else 1
 
     @property
     def writes_run_files(self) -> bool:
@@ -115,8 +130,12 @@ def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None)
     name = config.distribute.strategy
     strategies.check_name(name)
     spec = cluster_lib.from_env(name)
-    workers = spec.num_workers if spec and spec.is_distributed else 1
-    devices = devices_lib.resolve(config.distribute.num_devices)
+    ranks = hvd_lib.init() if name == "horovod" else None
+    workers = spec.num_workers if spec and spec.is_distributed else ranks.size if ranks else 1
+    devices = (hvd_lib.devices(config.distribute.num_devices) if ranks
+               else devices_lib.resolve(config.distribute.num_devices))
+    if ranks:
+        hvd_lib.check_gpus(ranks, devices_lib.gpu_count())
     strategies.check_devices(name, devices)
     strategies.check_accumulate(name, config.distribute.accumulate_steps)
     per_replica = strategies.per_replica_batch(name, config.train.batch_size, devices, workers)
@@ -125,7 +144,7 @@ def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None)
     return Plan(config=config, model=model, input=input_entry, devices=devices,
                 replicas=strategies.num_replicas(name, devices, workers),
                 per_replica_batch=per_replica, input_meta=input_meta,
-                model_dir=default_model_dir(config), cluster=spec)
+                model_dir=default_model_dir(config), cluster=spec, ranks=ranks)
 
 
 def log_every(train_steps: int) -> int:
@@ -133,27 +152,42 @@ def log_every(train_steps: int) -> int:
     return max(1, min(100, train_steps // 10))
 
 
-def build_run_config(p: Plan, strategy) -> tf.estimator.RunConfig:
-    """RunConfig for this task; it also reads TF_CONFIG, so cluster.apply() comes first."""
+def build_run_config(p: Plan, strategy,
+                     scratch_dir: Optional[str] = None) -> tf.estimator.RunConfig:
+    """RunConfig for this task; it also reads TF_CONFIG, so cluster.apply() comes first.
+
+    scratch_dir: a Horovod rank > 0 trains there and saves no checkpoints or
+    summaries; rank 0 owns model_dir.
+    """
     t = p.config.train
+    own = scratch_dir is None
     return tf.estimator.RunConfig(
-        model_dir=p.model_dir,
+        model_dir=p.model_dir if own else scratch_dir,
         tf_random_seed=t.seed if t.seed >= 0 else None,
-        save_checkpoints_steps=config_lib.checkpoint_every(p.config) or None,
-        save_checkpoints_secs=t.eval_every_secs or None,
+        save_checkpoints_steps=(config_lib.checkpoint_every(p.config) or None) if own else None,
+        save_checkpoints_secs=(t.eval_every_secs or None) if own else None,
         keep_checkpoint_max=t.keep_checkpoint_max,
         log_step_count_steps=None,
-        save_summary_steps=log_every(t.train_steps),
-        session_config=p.devices.session_config(),
+        save_summary_steps=log_every(t.train_steps) if own else 0,
+        session_config=session_config(p),
         train_distribute=strategy,
         eval_distribute=strategy,
     )
 
 
+def session_config(p: Plan) -> tf.compat.v1.ConfigProto:
+    config = p.devices.session_config()
+    if p.ranks:
+        return hvd_lib.session_config(config, p.devices, p.ranks, devices_lib.available_cores())
+    return config
+
+
 def build_model_fn(p: Plan):
-    """The registered model_fn, wrapped into towers and/or gradient accumulation if asked."""
+    """The registered model_fn, wrapped into towers, gradient accumulation or Horovod if asked."""
     d = p.config.distribute
     model_fn = seeded(p.model.fn, p.config.train.seed)
+    if d.strategy == "horovod":
+        return horovod_train.wrap_model_fn(model_fn, p.model.name)
     if d.strategy != "tower" and d.accumulate_steps == 1:
         return model_fn
     tower_devices = p.devices.names if d.strategy == "tower" else ()
@@ -203,6 +237,10 @@ def build_estimator(p: Plan, run_config, warm_start=None) -> tf.estimator.Estima
 def make_input_fn(p: Plan, mode):
     params = p.params()
     fn = p.input.fn
+    if p.ranks and mode == tf.estimator.ModeKeys.TRAIN:
+        return horovod_train.train_input_fn(fn, params, p.ranks.rank, p.ranks.size, p.input.name)
+    if p.ranks:  # rank 0 evaluates alone, on one device: --eval_steps counts global batches
+        params = {**params, "batch_size": p.global_batch}
 
     def input_fn(input_context=None):
         return fn(mode, params, input_context) if _takes_context(fn) else fn(mode, params)
@@ -231,14 +269,33 @@ def build_specs(p: Plan, hooks):
 
 def training_hooks(p: Plan, estimator, progress: ProgressHook, say):
     """The progress hook, plus early stopping when asked (every task runs it)."""
-    hooks = [progress]
     t = p.config.train
+    if p.ranks:
+        return horovod_hooks(p, estimator, progress, say)
+    hooks = [progress]
     if t.early_stop and p.role != "evaluator":
         hooks.append(early_stopping.make_hook(
             estimator, t.early_stop, config_lib.higher_is_better(t.early_stop, t.higher_is_better),
             t.patience, t.min_delta, every_steps=config_lib.checkpoint_every(p.config) or
             log_every(t.train_steps), say=say))
     return hooks
+
+
+def horovod_hooks(p: Plan, estimator, progress: ProgressHook, say):
+    """Broadcast first (before anything reads the step), then stop-together, then progress.
+
+    Early stopping is rank 0's decision (it alone evaluates), voted to every rank.
+    """
+    t = p.config.train
+    should_stop = None
+    if t.early_stop and p.ranks.is_root:
+        should_stop = early_stopping.make_should_stop(
+            estimator.eval_dir(), t.early_stop,
+            config_lib.higher_is_better(t.early_stop, t.higher_is_better), t.patience,
+            t.min_delta, say)
+    every = config_lib.checkpoint_every(p.config) or log_every(t.train_steps)
+    return [horovod_train.BroadcastHook(),
+            horovod_train.StopTogetherHook(should_stop, every, say), progress]
 
 
 def checkpoint_step(model_dir: str) -> Optional[int]:
@@ -262,6 +319,9 @@ def describe(p: Plan) -> str:
         batch += (f", {d.accumulate_steps} batches per update "
                   f"({p.global_batch * d.accumulate_steps} examples)")
     where = f"{p.devices.count} {p.devices.kind}(s)"
+    if p.ranks:
+        alone = "" if p.ranks.launched else " (not started by a Horovod launcher: one process)"
+        where = f"rank {p.ranks.rank} of {p.ranks.size}{alone}, {where} each"
     if p.cluster:
         where = (f"{p.role}:{p.cluster.task_index} of {p.cluster.num_workers} worker(s), "
                  f"{p.cluster.num_ps} ps, {where} each")
@@ -324,6 +384,43 @@ def rotated_away(error: Exception) -> bool:
         isinstance(error, ValueError) and "not a valid checkpoint" in str(error))
 
 
+def resume_step(p: Plan) -> Optional[int]:
+    """The checkpoint step this run resumes from; under Horovod rank 0's, on every rank."""
+    if not p.ranks:
+        return checkpoint_step(p.model_dir)
+    return hvd_lib.agree_on(checkpoint_step(p.model_dir) if p.ranks.is_root else None)
+
+
+class scratch_dir:  # noqa: N801 - a context manager that reads like a function
+    """A Horovod rank > 0's private model_dir (None elsewhere), removed afterwards."""
+
+    def __init__(self, p: Plan):
+        self._tmp = (tempfile.TemporaryDirectory(prefix=f"estimator-dist-rank{p.ranks.rank}-")
+                     if p.ranks and not p.ranks.is_root else None)
+
+    def __enter__(self) -> Optional[str]:
+        return self._tmp.__enter__() if self._tmp else None
+
+    def __exit__(self, *exc):
+        if self._tmp:
+            self._tmp.__exit__(*exc)
+        return False
+
+
+def train_rank(estimator, train_spec, start_step: Optional[int]):
+    """A Horovod rank > 0: train only (rank 0 evaluates and exports).
+
+    It skips training exactly when rank 0 does (rank 0's checkpoint already at
+    --train_steps): entering it alone, it would wait in the first broadcast for
+    rank 0, which never comes (horovod#346, #1581; measured: it fails once rank 0
+    exits).
+    """
+    if start_step is not None and start_step >= train_spec.max_steps:
+        return None
+    estimator.train(train_spec.input_fn, max_steps=train_spec.max_steps, hooks=train_spec.hooks)
+    return None
+
+
 def train_and_evaluate(p: Plan, estimator, train_spec, eval_spec, say):
     """tf.estimator.train_and_evaluate; an evaluator outpaced by checkpoint rotation retries.
 
@@ -346,7 +443,7 @@ def reports_summary(p: Plan) -> bool:
     """The task that holds the final metrics and exports writes --summary_json."""
     if p.role == "local" or p.role == "evaluator":
         return True
-    return p.role == "chief" and not p.cluster.has_evaluator
+    return p.role == "chief" and (p.cluster is None or not p.cluster.has_evaluator)
 
 
 def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
@@ -359,7 +456,7 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
     if p.writes_run_files:  # before anything is written: refuse a damaged or mismatched checkpoint
         guards.check_resume(p.model_dir, build_model_fn(p),
                             make_input_fn(p, tf.estimator.ModeKeys.TRAIN), p.params(), say=out)
-    start_step = checkpoint_step(p.model_dir)
+    start_step = resume_step(p)
     if start_step is not None and p.writes_run_files:
         out(f"resuming from the checkpoint at step {start_step} in {p.model_dir}")
     if p.writes_run_files:
@@ -369,11 +466,19 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
     # into the evaluator's RunConfig and evaluation needs no replicas.
     strategy = None if p.role == "evaluator" else strategies.make(config.distribute.strategy,
                                                                  p.devices)
-    warm_start = warm_start_settings(p)
+    # A Horovod rank > 0 gets every variable from rank 0: no warm start of its own.
+    warm_start = warm_start_settings(p) if p.writes_run_files or not p.ranks else None
     if warm_start and start_step is None and p.writes_run_files:
         out(f"warm-starting variables matching {config.train.warm_start_vars!r} from "
             f"{warm_start.ckpt_to_initialize_from}")
-    estimator = build_estimator(p, build_run_config(p, strategy), warm_start)
+    with scratch_dir(p) as scratch:
+        estimator = build_estimator(p, build_run_config(p, strategy, scratch), warm_start)
+        return run_and_summarize(p, estimator, start_step, out, say)
+
+
+def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -> Dict[str, Any]:
+    """Train (and evaluate, export) with the progress and guard hooks; report the result."""
+    config = p.config
     progress = ProgressHook(p.global_batch, config.train.train_steps,
                             every_n=log_every(config.train.train_steps),
                             emit=out if p.writes_run_files else silent,
@@ -383,20 +488,28 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
     train_spec, eval_spec = build_specs(p, training_hooks(p, estimator, progress, say))
     started = time.perf_counter()
     with guards.TrainingGuard(p.model_dir, config.distribute.accumulate_steps, p.role) as guard:
-        result = train_and_evaluate(p, estimator, guard.attach(train_spec), eval_spec, say)
-    if p.role == "chief":
+        if p.ranks and not p.ranks.is_root:
+            result = train_rank(estimator, guard.attach(train_spec), start_step)
+        else:
+            result = train_and_evaluate(p, estimator, guard.attach(train_spec), eval_spec, say)
+    if p.role == "chief" and p.cluster:
         evaluator_lib.mark_end(p.model_dir, checkpoint_step(p.model_dir))
+    if result and result[0] is None and p.writes_run_files and not p.cluster:
+        # Already at --train_steps: Estimator skipped training, and with it the
+        # evaluation that follows a checkpoint; evaluate the final one here.
+        result = (estimator.evaluate(eval_spec.input_fn, steps=eval_spec.steps), None)
     metrics = {k: plain(v) for k, v in (result[0] if result else {}).items()}
     if p.role == "evaluator":
         metrics = final_eval_metrics(p.model_dir)
-    if p.role == "chief" and not p.cluster.has_evaluator and config.train.export != "none":
+    if p.role == "chief" and p.cluster and not p.cluster.has_evaluator and \
+            config.train.export != "none":
         export_from_chief(p)
         out("no evaluator task: the chief exported the final checkpoint")
     summary = {
         "model": config.model,
         "strategy": config.distribute.strategy,
         "role": p.role,
-        "num_workers": p.cluster.num_workers if p.cluster else 1,
+        "num_workers": p.num_workers,
         "num_devices": p.devices.count,
         "global_batch_size": p.global_batch,
         "accumulate_steps": config.distribute.accumulate_steps,
@@ -417,7 +530,8 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
 def format_result(summary: Dict[str, Any]) -> str:
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in sorted(summary["metrics"].items())
                         if k != "global_step" and isinstance(v, float))
-    if not summary["metrics"] and summary.get("role") in ("chief", "worker"):
+    if not summary["metrics"] and summary.get("role") in ("chief", "worker") and \
+            summary.get("strategy") != "horovod":
         metrics = "(the evaluator task evaluates and exports)"
     line = f"done: step {summary['global_step']}  {metrics}"
     if summary["exports"]:

@@ -3,7 +3,9 @@
 `none` and `tower` return no strategy: `none` is a plain single-device Estimator
 (or, with ps tasks in TF_CONFIG, classic asynchronous between-graph training),
 `tower` replicates the model_fn itself (see towers.py). The cluster strategies
-read TF_CONFIG (checked first by cluster.py).
+read TF_CONFIG (checked first by cluster.py). `horovod` has no strategy object
+either: each process is one rank, and the model_fn's optimizer averages the
+gradients over the ranks (horovod.py, horovod_train.py).
 """
 import difflib
 from typing import Callable, Dict, Optional
@@ -41,6 +43,11 @@ def _parameter_server(devices: Devices):
     return tf.compat.v1.distribute.experimental.ParameterServerStrategy()
 
 
+def _horovod(devices: Devices):
+    # One process per rank; hvd.DistributedOptimizer (through minimize) all-reduces.
+    return None
+
+
 def _central_storage(devices: Devices):
     return tf.distribute.experimental.CentralStorageStrategy(
         compute_devices=list(devices.names), parameter_device="/cpu:0")
@@ -54,6 +61,7 @@ _BUILDERS: Dict[str, Callable[[Devices], Optional[tf.distribute.Strategy]]] = {
     "tower": _tower,
     "multi_worker_mirrored": _multi_worker_mirrored,
     "parameter_server": _parameter_server,
+    "horovod": _horovod,
 }
 
 # Strategies that run one device however many are asked for.

@@ -11,16 +11,17 @@ CPU1 = devices_lib.Devices(("/cpu:0",), "CPU")
 
 
 def test_names():
-    assert strategies.names() == ["central_storage", "mirrored", "multi_worker_mirrored", "none",
-                                  "one_device", "parameter_server", "tower"]
+    assert strategies.names() == ["central_storage", "horovod", "mirrored",
+                                  "multi_worker_mirrored", "none", "one_device",
+                                  "parameter_server", "tower"]
 
 
 def test_unknown_strategy_lists_valid():
     with pytest.raises(UserError) as e:
         strategies.make("mirored", CPU2)
     assert str(e.value) == ("--strategy mirored: unknown; choose one of central_storage, "
-                            "mirrored, multi_worker_mirrored, none, one_device, parameter_server, "
-                            "tower; did you mean 'mirrored'?")
+                            "horovod, mirrored, multi_worker_mirrored, none, one_device, "
+                            "parameter_server, tower; did you mean 'mirrored'?")
 
 
 def test_cluster_strategies_count_every_worker():

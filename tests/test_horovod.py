@@ -1,0 +1,301 @@
+"""--strategy horovod: 2 real ranks over gloo on 127.0.0.1, each launch bounded by a timeout.
+
+The numbers come from the tiny MLP (tests/tiny_models.py): with its `tiny_stream`
+input, MirroredStrategy hands replica r the batches r, r+2, ... of one pipeline and
+Horovod rank r reads the same batches, so 2 ranks must reach mirrored's weights.
+"""
+import glob
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tiny_models
+from conftest import make_config
+from estimator_dist import horovod as hvd_lib
+from estimator_dist import launcher
+from estimator_dist import runner
+from estimator_dist.errors import UserError
+from test_cluster import REPO, Run, alive, checkpoint_steps
+
+import horovod_inputs  # noqa: F401 - registers tiny_stream, uneven, crash_once
+
+needs_horovod = pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
+                                   reason="Horovod is not installed (make horovod)")
+
+TESTS = os.path.join(REPO, "tests")
+LAUNCH_TIMEOUT = 150
+TINY = ["--import", "horovod_inputs", "--model", "tiny_v1", "--batch_size", "8", "--seed", "1",
+        "--eval_steps", "1"]
+NOT_INSTALLED = ("estimator-dist: error: --strategy horovod: Horovod is not installed; install "
+                 "it with `make horovod` or `HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 "
+                 "HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 "
+                 "HOROVOD_CPU_OPERATIONS=gloo pip install --no-build-isolation horovod==0.28.1` "
+                 "(TensorFlow first), or choose another --strategy")
+
+
+@pytest.fixture
+def ranks_env(monkeypatch, tmp_path):
+    """Ranks import tests/horovod_inputs.py; their scratch dirs go to a TMPDIR we can inspect."""
+    monkeypatch.setenv("PYTHONPATH",
+                       os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")])))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    return scratch
+
+
+def launch(model_dir, *args, workers=2, timeout=LAUNCH_TIMEOUT):
+    return Run(["--launcher", "horovod", "--workers", str(workers), "--model_dir", str(model_dir)]
+               + TINY + [str(a) for a in args], timeout=timeout)
+
+
+def train_in_process(model_dir, steps, strategy="none", n=1, **flags):
+    return tiny_models.train(model_dir, "tiny_v1", strategy=strategy, n=n, steps=steps,
+                             batch_size=8, input="tiny_stream", **flags)
+
+
+def tiny_forward(weights, x):
+    hidden = np.tanh(x @ weights["dense/kernel"] + weights["dense/bias"])
+    return hidden @ weights["logits/kernel"] + weights["logits/bias"]
+
+
+@needs_horovod
+def test_two_ranks_match_mirrored_write_from_rank_0_and_resume_at_the_target(
+        ranks_env, tmp_path):
+    model_dir = tmp_path / "hvd"
+    run = launch(model_dir, "--input", "tiny_stream", "--train_steps", 4,
+                 "--save_checkpoints_steps", 2, "--summary_json", tmp_path / "summary.json")
+    assert run.wait() == 0, run.text
+    assert "[rank:0] model tiny_v1 | input tiny_stream | strategy horovod on rank 0 of 2, " \
+           "1 CPU(s) each | global batch 8 = 4 x 2 replica(s)" in run.text
+    assert not [line for line in run.lines if line.startswith("[rank:1]")], run.text  # quiet
+
+    # Same global batch, same examples per replica: the weights of mirrored on 2 devices.
+    mirrored = train_in_process(tmp_path / "mirrored", 4, "mirrored", 2,
+                                save_checkpoints_steps=2)
+    tiny_models.assert_same_weights(tiny_models.weights(model_dir),
+                                    tiny_models.weights(tmp_path / "mirrored"))
+
+    # Rank 0 alone writes: one events file, one eval dir, its checkpoints, its export.
+    assert checkpoint_steps(model_dir) == [0, 2, 4]
+    assert len(glob.glob(str(model_dir / "events.out.tfevents.*"))) == 1
+    assert len(glob.glob(str(model_dir / "eval" / "events.out.tfevents.*"))) == 1
+    assert os.listdir(ranks_env) == []  # rank 1's scratch model_dir is gone
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["num_workers"] == 2 and summary["global_step"] == 4
+    assert summary["metrics"]["loss"] == pytest.approx(mirrored["metrics"]["loss"], abs=1e-5)
+
+    # The export loads on one CPU, without Horovod, and computes the trained network.
+    export = glob.glob(str(model_dir / "export" / "final" / "*"))[0]
+    serve = tf.saved_model.load(export).signatures["serving_default"]
+    logits = serve(x=tf.constant(tiny_models.X))["logits"].numpy()
+    np.testing.assert_allclose(logits, tiny_forward(tiny_models.weights(model_dir), tiny_models.X),
+                               atol=1e-5)
+
+    # The same command again: the checkpoint is at the target. Rank 1 must not enter
+    # training alone (horovod#346, #1581): both end cleanly, rank 0 evaluates.
+    again = launch(model_dir, "--input", "tiny_stream", "--train_steps", 4,
+                   "--save_checkpoints_steps", 2)
+    assert again.wait() == 0, again.text
+    assert "[rank:0] resuming from the checkpoint at step 4" in again.text
+    assert "[rank:0] done: step 4  accuracy" in again.text
+    assert "exited with code" not in again.text and "Traceback" not in again.text, again.text
+
+    # Horovod -> none: the checkpoint resumes on one device.
+    assert train_in_process(model_dir, 6, save_checkpoints_steps=2)["global_step"] == 6
+
+
+@needs_horovod
+def test_none_checkpoint_resumes_under_horovod_like_mirrored(ranks_env, tmp_path):
+    first = tmp_path / "none"
+    train_in_process(first, 3, save_checkpoints_steps=3)
+    shutil.copytree(first, tmp_path / "mirrored")
+    shutil.copytree(first, tmp_path / "hvd")
+    train_in_process(tmp_path / "mirrored", 6, "mirrored", 2, save_checkpoints_steps=3)
+    # Rank 1 starts in an empty scratch dir: step and weights must come from rank 0.
+    run = launch(tmp_path / "hvd", "--input", "tiny_stream", "--train_steps", 6,
+                 "--save_checkpoints_steps", 3, "--export", "none")
+    assert run.wait() == 0, run.text
+    assert "[rank:0] resuming from the checkpoint at step 3" in run.text
+    assert checkpoint_steps(tmp_path / "hvd")[-1] == 6
+    tiny_models.assert_same_weights(tiny_models.weights(tmp_path / "hvd"),
+                                    tiny_models.weights(tmp_path / "mirrored"))
+
+
+@needs_horovod
+def test_ranks_whose_inputs_end_at_different_steps_stop_together(ranks_env, tmp_path,
+                                                                  monkeypatch):
+    """Rank 0 has 7 examples (2 batches of 4), rank 1 has 16 (4 batches) (horovod#182)."""
+    monkeypatch.setenv("UNEVEN_SPLIT", "7")
+    model_dir = tmp_path / "run"
+    run = launch(model_dir, "--input", "uneven", "--train_steps", 100, "--max_restarts", 0,
+                 timeout=90)
+    assert run.wait() == 0, run.text
+    assert "[rank:0] an input shard ran out at step 2: every rank stops there" in run.text
+    assert "[rank:0] done: step 2  accuracy" in run.text
+    assert checkpoint_steps(model_dir)[-1] == 2
+    assert "exited with code" not in run.text, run.text
+
+
+@needs_horovod
+def test_a_dead_rank_restarts_the_job_from_the_last_checkpoint(ranks_env, tmp_path,
+                                                               monkeypatch):
+    monkeypatch.setenv("CRASH_MARKER", str(tmp_path / "crashed"))
+    # Rank 1 reads its 15th batch a few steps ahead of training (prefetching): after step 5.
+    monkeypatch.setenv("CRASH_AT", "14")
+    model_dir = tmp_path / "run"
+    run = launch(model_dir, "--input", "crash_once", "--train_steps", 20,
+                 "--save_checkpoints_steps", 5, "--max_restarts", 1, "--export", "none")
+    assert run.wait() == 0, run.text
+    assert os.path.exists(tmp_path / "crashed")
+    assert ("[launcher] rank:1 exited with code -9; restarting the whole cluster from the last "
+            "checkpoint (restart 1/1)") in run.text
+    resumed = re.search(r"\[rank:0\] resuming from the checkpoint at step (\d+)", run.text)
+    assert resumed and int(resumed.group(1)) >= 5, run.text
+    assert checkpoint_steps(model_dir)[-1] == 20
+
+
+@needs_horovod
+def test_early_stop_is_rank_0s_decision_and_every_rank_stops_with_it(ranks_env, tmp_path):
+    model_dir = tmp_path / "run"
+    run = launch(model_dir, "--input", "tiny_stream", "--train_steps", 20000, "--eval_every", 20,
+                 "--early_stop", "loss", "--patience", 2, "--set", "learning_rate=0.0",
+                 "--max_restarts", 0, "--export", "none")
+    assert run.wait() == 0, run.text
+    assert re.search(r"\[rank:0\] early stop at step \d+: loss has not improved",
+                     run.text), run.text
+    assert checkpoint_steps(model_dir)[-1] < 200
+    assert "exited with code" not in run.text, run.text
+
+
+@needs_horovod
+def test_sigterm_stops_every_rank(ranks_env, tmp_path):
+    run = launch(tmp_path / "run", "--input", "tiny_stream", "--train_steps", 10 ** 7,
+                 "--save_checkpoints_steps", 10 ** 6)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and run.proc.poll() is None and \
+            not any(line.startswith("[rank:0] step") for line in run.lines):
+        time.sleep(0.3)
+    pids = [run.pid_of("rank:0"), run.pid_of("rank:1")]
+    assert all(pids) and all(alive(p) for p in pids), run.text
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 130, run.text
+    time.sleep(1)
+    assert not [p for p in pids if alive(p)], run.text
+
+
+@needs_horovod
+def test_one_rank_outside_a_launcher_equals_none(tmp_path):
+    lines = []
+    config = make_config("tiny_v1", train_steps=3, strategy="horovod",
+                         model_dir=str(tmp_path / "hvd"), batch_size=7, export="none", seed=1,
+                         eval_steps=1, save_checkpoints_steps=3)
+    runner.train(config, out=lines.append)
+    assert "strategy horovod on rank 0 of 1 (not started by a Horovod launcher: one process)" \
+        in lines[0]
+    tiny_models.train(tmp_path / "none", "tiny_v1", steps=3)
+    tiny_models.assert_same_weights(tiny_models.weights(tmp_path / "hvd"),
+                                    tiny_models.weights(tmp_path / "none"), atol=1e-6)
+
+
+def test_not_installed_is_one_line_exit_2(tmp_path, monkeypatch):
+    block = "import sys; sys.modules['horovod'] = None; from estimator_dist.cli import main; "
+    argv = ["train", "--strategy", "horovod", "--model_dir", str(tmp_path / "r")]
+    proc = subprocess.run([sys.executable, "-c", block + f"sys.exit(main({argv!r}))"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == NOT_INSTALLED
+    assert not (tmp_path / "r").exists()
+    from estimator_dist import horovod_launch
+
+    monkeypatch.setitem(sys.modules, "horovod", None)
+    monkeypatch.setitem(sys.modules, "horovod.tensorflow", None)
+    with pytest.raises(UserError) as e:  # cluster --launcher horovod, before any rank starts
+        horovod_launch.launch(["--strategy", "horovod"], 2, False, 0, 10)
+    assert "estimator-dist: error: " + str(e.value) == NOT_INSTALLED
+
+
+@pytest.mark.parametrize("environ,message", [
+    ({"HOROVOD_RANK": "1"}, "the environment sets HOROVOD_RANK but not HOROVOD_SIZE, "
+                            "HOROVOD_LOCAL_RANK, HOROVOD_LOCAL_SIZE"),
+    ({"HOROVOD_RANK": "2", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "0",
+      "HOROVOD_LOCAL_SIZE": "2"},
+     "HOROVOD_RANK=2 with HOROVOD_SIZE=2: the rank must be in 0..size-1"),
+    ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "0",
+      "HOROVOD_LOCAL_SIZE": "2"}, "HOROVOD_SIZE=2 but HOROVOD_GLOO_RENDEZVOUS_ADDR is not set"),
+    ({"HOROVOD_RANK": "x", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "0",
+      "HOROVOD_LOCAL_SIZE": "2"}, "HOROVOD_RANK='x': must be a whole number"),
+])
+def test_partial_or_wrong_horovod_environment(environ, message):
+    with pytest.raises(UserError) as e:
+        hvd_lib.check_environment(environ)
+    assert str(e.value).startswith(message)
+    assert hvd_lib.check_environment({}) is False
+
+
+@pytest.mark.parametrize("command,launcher_name,args,message", [
+    ("cluster", "horovod", ["--strategy", "mirrored"],
+     "--launcher horovod runs --strategy horovod, got --strategy mirrored"),
+    ("cluster", "tf_config", ["--strategy", "horovod"],
+     "--launcher tf_config --strategy horovod: Horovod ranks are started by --launcher horovod"),
+    ("tfjob", None, ["--strategy=horovod"], "tfjob --strategy horovod: a TFJob runs TF_CONFIG"),
+])
+def test_launcher_and_strategy_must_agree(command, launcher_name, args, message):
+    with pytest.raises(UserError, match="^" + message.replace("(", r"\(")):
+        launcher.train_args_for(command, launcher_name, args)
+
+
+def test_launcher_shapes_and_flags():
+    assert launcher.train_args_for("cluster", "horovod", ["--model", "x"]) == [
+        "--model", "x", "--strategy", "horovod"]
+    assert launcher.train_args_for("cluster", None, ["--strategy", "horovod"]) == [
+        "--strategy", "horovod"]
+    with pytest.raises(UserError, match="^--ps 1: Horovod has no parameter servers"):
+        launcher.check_shape(2, 1, "horovod")
+    from estimator_dist import horovod_launch
+
+    with pytest.raises(UserError, match="^--evaluator: under --launcher horovod rank 0 evaluates"):
+        horovod_launch.launch(["--strategy", "horovod"], 2, True, 0, 10)
+
+
+def test_strategy_checks(monkeypatch):
+    from estimator_dist import cluster
+
+    with pytest.raises(UserError, match="^--strategy horovod runs one device per rank, got "
+                                        "--num_devices 2"):
+        hvd_lib.devices(2)
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"chief": ["127.0.0.1:1"]}, '
+                                    '"task": {"type": "chief", "index": 0}}')
+    with pytest.raises(UserError, match="^--strategy horovod does not use TF_CONFIG"):
+        cluster.from_env("horovod")
+
+
+def test_plan_of_rank_1_of_2(monkeypatch):
+    """Global batch split over the ranks, --scale_lr by their number, rank 1 writes nothing."""
+    monkeypatch.setattr(hvd_lib, "init", lambda: hvd_lib.Ranks(rank=1, size=2, local_rank=1,
+                                                              local_size=2, launched=True))
+    p = runner.plan(make_config("tiny_v1", strategy="horovod", batch_size=8, scale_lr=True))
+    assert (p.role, p.writes_run_files, p.num_workers, p.per_replica_batch) == ("worker", False,
+                                                                                2, 4)
+    assert p.params()["lr_scale"] == 2.0 and p.params()["num_replicas"] == 2
+    with pytest.raises(UserError, match="^--batch_size 7 is not divisible by the 2 replicas of "
+                                        "--strategy horovod"):
+        runner.plan(make_config("tiny_v1", strategy="horovod", batch_size=7))
+
+
+def test_rerunning_a_finished_run_evaluates(tmp_path):
+    """What rank 0 does when the checkpoint is at the target (Estimator skips training)."""
+    first = tiny_models.train(tmp_path / "run", "tiny_v1", steps=3)
+    again = tiny_models.train(tmp_path / "run", "tiny_v1", steps=3)
+    assert again["start_step"] == 3 and again["global_step"] == 3
+    assert again["metrics"] == first["metrics"]

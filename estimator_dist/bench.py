@@ -10,11 +10,13 @@ taken within each round.
 Throughput is GLOBAL examples/sec (every replica and worker) in steady state:
 global batch / the median step time over a fixed number of steps after a
 discarded warm-up (the mean over those steps is shown beside it, as "window"),
-on the same in-memory data, batch and step count for every case. multi_worker_mirrored runs one process per
-worker, each pinned to one core, with the per-worker batch fixed (weak scaling,
+on the same in-memory data, batch and step count for every case.
+multi_worker_mirrored and horovod (when Horovod is installed) run one process
+per worker or rank, each pinned to one core, with the per-worker batch fixed (weak scaling,
 as tf_cnn_benchmarks and Horovod report scaling).
 """
 import csv
+import importlib.util
 import json
 import os
 import shutil
@@ -61,6 +63,14 @@ QUICK_SETTINGS = {
 }
 
 
+# Strategies run as one process per worker (or Horovod rank), each pinned to one core.
+PROCESS_STRATEGIES = ("multi_worker_mirrored", "horovod")
+
+
+def horovod_installed() -> bool:
+    return importlib.util.find_spec("horovod") is not None
+
+
 @dataclass(frozen=True)
 class Case:
     """One way to train: a driver, a strategy over devices or workers, an input."""
@@ -75,8 +85,8 @@ class Case:
 
     @property
     def name(self) -> str:
-        if self.workers > 1 or self.strategy == "multi_worker_mirrored":
-            return f"{self.driver} multi_worker_mirrored {self.workers} worker(s) x 1 core"
+        if self.strategy in PROCESS_STRATEGIES:
+            return f"{self.driver} {self.strategy} {self.workers} worker(s) x 1 core"
         text = f"{self.driver} {self.strategy} N={self.num_devices}"
         return text + (" real input" if self.real_input else "") + \
             (" TF default env" if self.tf_defaults else "")
@@ -96,7 +106,8 @@ def cases_for(model: str) -> List[Case]:
         c("plain", "mirrored", 2), c("project", "mirrored", 2), c("keras", "mirrored", 2),
         c("project", "tower", 2), c("project", "central_storage", 2),
         c("project", "multi_worker_mirrored", workers=1), c("project", "multi_worker_mirrored", workers=2),
-    ]
+    ] + ([c("project", "horovod", workers=1), c("project", "horovod", workers=2)]
+         if horovod_installed() else [])
 
 
 # --quick: every driver and code path once, at tiny sizes.
@@ -104,12 +115,14 @@ QUICK_CASES = {
     "mlp": ("plain none N=1", "project none N=1", "keras none N=1", "project none N=1 real input",
             "project mirrored N=2", "keras mirrored N=2", "project tower N=2",
             "project multi_worker_mirrored 1 worker(s) x 1 core",
-            "project multi_worker_mirrored 2 worker(s) x 1 core"),
+            "project multi_worker_mirrored 2 worker(s) x 1 core",
+            "project horovod 2 worker(s) x 1 core"),
     "cifar": ("keras none N=1",),
 }
 
 # (label, numerator, denominator, kind, goal): kind "min" for a ratio that must reach the goal,
-# "max" for one that must stay under it, "scaling" for numerator / (2 x denominator).
+# "max" for one that must stay under it, "scaling" for numerator / (2 x denominator);
+# goal None: a comparison reported without a goal.
 TARGETS = [
     ("project none / plain Estimator, N=1", "project none N=1", "plain none N=1", "min", 0.98),
     ("project mirrored / plain Estimator mirrored, N=2", "project mirrored N=2",
@@ -125,6 +138,11 @@ TARGETS = [
     ("2-worker scaling efficiency (MWMS, 1 core each)",
      "project multi_worker_mirrored 2 worker(s) x 1 core",
      "project multi_worker_mirrored 1 worker(s) x 1 core", "scaling", 0.90),
+    ("horovod / multi_worker_mirrored, 2 processes x 1 core",
+     "project horovod 2 worker(s) x 1 core",
+     "project multi_worker_mirrored 2 worker(s) x 1 core", "min", None),
+    ("2-rank scaling efficiency (horovod, 1 core each)", "project horovod 2 worker(s) x 1 core",
+     "project horovod 1 worker(s) x 1 core", "scaling", None),
 ]
 
 
@@ -211,12 +229,16 @@ class Runner:
             "steps": s.steps,
             "train_steps": s.train_steps,
             "model_dir": os.path.join(self.work_dir, "model_dirs", tag),
-            "result": os.path.join(self.work_dir, "results", f"{tag}.w{worker}.json"),
+            "result": self._result_path(tag, worker),
+            "peer_results": [self._result_path(tag, w) for w in range(case.workers) if w != worker],
             "cores": [worker % (os.cpu_count() or 1)]
-            if case.strategy == "multi_worker_mirrored" else [],
+            if case.strategy in PROCESS_STRATEGIES else [],
             "extra_args": list(self.options.extra_args) if case.driver == "project" else [],
             "tf_defaults": case.tf_defaults,
         }
+
+    def _result_path(self, tag: str, worker: int) -> str:
+        return os.path.join(self.work_dir, "results", f"{tag}.w{worker}.json")
 
     def run(self, case: Case, round_index: int) -> Measurement:
         self.count += 1
@@ -224,15 +246,22 @@ class Runner:
         tag = "".join(ch for ch in tag if ch.isalnum() or ch in "-_.")
         log_path = os.path.join(self.options.output_dir, "logs", f"{tag}.log")
         specs = [self.spec(case, tag, w) for w in range(case.workers)]
-        tf_configs = self._tf_configs(case)
+        envs, stop = self._process_envs(case)
         started = time.monotonic()
         procs = []
-        with open(log_path, "w", encoding="utf-8") as log:
-            for worker, spec in enumerate(specs):
-                procs.append(self._launch(spec, tag, worker, tf_configs, log))
-            error = self._wait(procs)
+        try:
+            with open(log_path, "w", encoding="utf-8") as log:
+                for worker, spec in enumerate(specs):
+                    procs.append(self._launch(spec, tag, worker, envs, log))
+                error = self._wait(procs)
+        finally:
+            stop()
         wall = time.monotonic() - started
         results = [self._read(spec["result"]) for spec in specs]
+        if all(r is not None for r in results):
+            # Every process measured all its steps; a peer's exit code after that (e.g.
+            # Horovod's shutdown error once rank 0 has left) is not the case failing.
+            error = ""
         if error or any(r is None for r in results):
             return Measurement(case, round_index, ok=False, wall_seconds=wall, log=log_path,
                                error=error or "no result written")
@@ -244,16 +273,24 @@ class Runner:
                            peak_rss_mb=max(r["peak_rss_mb"] for r in results),
                            cpu_ms_per_step=chief["cpu_ms_per_step"], onednn=chief.get("onednn"))
 
-    def _tf_configs(self, case: Case) -> List[Optional[str]]:
+    @staticmethod
+    def _process_envs(case: Case):
+        """(each process's extra environment, a function that releases what it needs)."""
+        if case.strategy == "horovod":
+            from estimator_dist import horovod_launch
+
+            rendezvous = horovod_launch.Rendezvous(case.workers)
+            iface = horovod_launch.loopback_interface()
+            return [rendezvous.rank_env(r, iface) for r in range(case.workers)], rendezvous.stop
         if case.strategy != "multi_worker_mirrored":
-            return [None]
+            return [{}], lambda: None
         from estimator_dist import launcher
 
         names = launcher.task_names(case.workers, 0, False)
         configs = launcher.make_tf_configs(names, launcher.free_ports(len(names)))
-        return [configs[name] for name in names]
+        return [{"TF_CONFIG": configs[name]} for name in names], lambda: None
 
-    def _launch(self, spec, tag, worker, tf_configs, log):
+    def _launch(self, spec, tag, worker, envs, log):
         path = os.path.join(self.work_dir, "specs", f"{tag}.w{worker}.json")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("TF_CONFIG", None)
@@ -261,8 +298,7 @@ class Runner:
             env.pop(ONEDNN, None)
         else:
             env.setdefault(ONEDNN, ONEDNN_DEFAULT)  # as `estimator-dist train` runs
-        if tf_configs[worker]:
-            env["TF_CONFIG"] = tf_configs[worker]
+        env.update(envs[worker])
         argv = [sys.executable, "-c", "from estimator_dist.bench import child_main; child_main()",
                 path]
         spec = dict(spec, t0=time.monotonic())
@@ -411,9 +447,10 @@ def target_rows(options: Options, measurements: List[Measurement]) -> List[Dict]
                 else:
                     ratios.append(a.examples_per_sec / b.examples_per_sec)
             value = _median(ratios)
-            met = (value <= goal if kind == "max" else value >= goal) if value == value else None
+            met = None if goal is None or value != value else \
+                (value <= goal if kind == "max" else value >= goal)
             out.append({"model": model, "target": label, "ratio": value,
-                        "goal": f"{'<=' if kind == 'max' else '>='} {goal:g}",
+                        "goal": "-" if goal is None else f"{'<=' if kind == 'max' else '>='} {goal:g}",
                         "met": met, "rounds": [round(x, 4) for x in ratios],
                         "cpu_ratio": _median(cpu)})
     return out
@@ -449,7 +486,8 @@ def format_targets(targets: List[Dict]) -> str:
     if not measured:
         return "targets: none of their case pairs ran"
     for t in measured:
-        verdict = "n/a" if t["met"] is None else ("met" if t["met"] else "MISSED")
+        verdict = "-" if t["goal"] == "-" else "n/a" if t["met"] is None else \
+            ("met" if t["met"] else "MISSED")
         cpu = "" if t["cpu_ratio"] != t["cpu_ratio"] else f"{t['cpu_ratio']:.3f}"
         lines.append(f"{t['model']:<6} {t['target']:<50} {t['ratio']:>7.3f} {t['goal']:>7}  "
                      f"{verdict:<8} {cpu:>9}  {', '.join(f'{x:.3f}' for x in t['rounds'])}")

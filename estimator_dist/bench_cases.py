@@ -42,6 +42,7 @@ MLP_HPARAMS = {"hidden_units": 256, "hidden_layers": 2, "optimizer": "momentum",
                "learning_rate": 0.01, "momentum": 0.9, "lr_schedule": "constant",
                "weight_decay": 0.0}
 TRAIN = tf.estimator.ModeKeys.TRAIN
+PEER_WAIT_SECONDS = 60.0
 
 
 def _memory_example(index):
@@ -155,10 +156,23 @@ class Clock:
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(self.result(), f)
         os.replace(path + ".tmp", path)
+        self._wait_for_peers()
         sys.stdout.flush()
         sys.stderr.flush()
         # Leave now: the final checkpoint, evaluation and export are not measured.
         os._exit(0)
+
+
+    def _wait_for_peers(self):
+        """Leave only once every process of a multi-process case has measured all its steps.
+
+        A Horovod rank's background loop talks to rank 0 even between steps, so a rank
+        whose peer left at once fails before it can write its own result.
+        """
+        deadline = time.monotonic() + PEER_WAIT_SECONDS
+        while time.monotonic() < deadline and \
+                not all(os.path.isfile(p) for p in self.spec.get("peer_results", ())):
+            time.sleep(0.05)
 
 
 class ClockHook(tf.compat.v1.train.SessionRunHook):
@@ -180,16 +194,18 @@ class ClockCallback(tf.keras.callbacks.Callback):
 
 
 def run_project(spec, clock: Clock):
-    """`estimator-dist train ...` in this process, with the clock hook added to its TrainSpec."""
+    """`estimator-dist train ...` in this process, with the clock hook added to Estimator.train.
+
+    (train_and_evaluate trains through Estimator.train; so does a Horovod rank > 0.)
+    """
     from estimator_dist import cli
 
-    train_and_evaluate = tf.estimator.train_and_evaluate
+    train = tf.estimator.Estimator.train
 
-    def timed(estimator, train_spec, eval_spec):
-        hooks = tuple(train_spec.hooks) + (ClockHook(clock),)
-        return train_and_evaluate(estimator, train_spec._replace(hooks=hooks), eval_spec)
+    def timed(self, input_fn, hooks=None, **kwargs):
+        return train(self, input_fn, hooks=list(hooks or []) + [ClockHook(clock)], **kwargs)
 
-    tf.estimator.train_and_evaluate = timed
+    tf.estimator.Estimator.train = timed
     argv = ["train", "--model", spec["model"], "--input", spec["input"],
             "--strategy", spec["strategy"], "--num_devices", str(spec["num_devices"]),
             "--batch_size", str(spec["global_batch"]), "--train_steps", str(spec["train_steps"]),

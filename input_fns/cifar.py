@@ -11,6 +11,7 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
+from estimator_dist import devices as devices_lib
 from estimator_dist.errors import UserError
 from estimator_dist.registry import register_input
 
@@ -274,4 +275,18 @@ def cifar_input(mode, params, input_context=None):
     # Decoding and augmenting whole batches costs a fraction of doing it per image (README
     # "Performance"); parallel calls and prefetch keep it off the training step.
     ds = ds.map(decode_and_preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(pipeline_options())
+
+
+def pipeline_options() -> tf.data.Options:
+    """The reader's own threads: half the cores, one thread per op.
+
+    By default tf.data takes a thread per core and lets each op use them all, which
+    on a small machine competes with the training step for the same cores
+    (ResNet-20 on 2 cores: 334 -> 283 ms of CPU per step with these settings, README
+    "Performance").
+    """
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = max(1, devices_lib.available_cores() // 2)
+    options.threading.max_intra_op_parallelism = 1
+    return options

@@ -392,3 +392,16 @@ def test_small_synthetic_training_run_learns(tmp_path):
     metrics = est.evaluate(lambda: cifar.cifar_input(EVAL, params))
     # Chance is 0.1; with moving statistics stuck at 0/1 eval collapses far below this.
     assert metrics["accuracy"] > 0.3, metrics
+
+
+def test_reader_threads_leave_cores_to_the_training_step(tmp_path, monkeypatch):
+    from estimator_dist import devices
+
+    write_cifar_files(tmp_path)
+    monkeypatch.setattr(devices, "available_cores", lambda: 8)
+    ds = cifar.cifar_input(TRAIN, params_for(tmp_path, batch_size=16))
+    threading = ds.options().threading
+    assert threading.private_threadpool_size == 4 and threading.max_intra_op_parallelism == 1
+    monkeypatch.setattr(devices, "available_cores", lambda: 1)
+    assert cifar.cifar_input(TRAIN, params_for(tmp_path, batch_size=16)) \
+        .options().threading.private_threadpool_size == 1

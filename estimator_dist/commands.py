@@ -90,7 +90,8 @@ def checked_train_args(args) -> list:
     from estimator_dist import launcher
     from estimator_dist.cli import build_parser
 
-    train_args = list(args.train_args)
+    train_args = launcher.train_args_for(args.command, getattr(args, "launcher", None),
+                                         args.train_args)
     strategy = launcher.cluster_strategy(None, args.ps)
     if not any(a == "--strategy" or a.startswith("--strategy=") for a in train_args):
         train_args += ["--strategy", strategy]

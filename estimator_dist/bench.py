@@ -385,21 +385,13 @@ class Row:
     def ok_runs(self):
         return [m for m in self.runs if m.ok]
 
-    @property
-    def examples_per_sec(self):
-        return _median([m.examples_per_sec for m in self.ok_runs])
+    def _median_of(self, name: str) -> float:
+        return _median([getattr(m, name) for m in self.ok_runs])
 
-    @property
-    def window_examples_per_sec(self):
-        return _median([m.window_examples_per_sec for m in self.ok_runs])
-
-    @property
-    def first_step_seconds(self):
-        return _median([m.first_step_seconds for m in self.ok_runs])
-
-    @property
-    def cpu_ms_per_step(self):
-        return _median([m.cpu_ms_per_step for m in self.ok_runs])
+    examples_per_sec = property(lambda self: self._median_of("examples_per_sec"))
+    window_examples_per_sec = property(lambda self: self._median_of("window_examples_per_sec"))
+    first_step_seconds = property(lambda self: self._median_of("first_step_seconds"))
+    cpu_ms_per_step = property(lambda self: self._median_of("cpu_ms_per_step"))
 
     @property
     def onednn(self) -> str:

@@ -27,6 +27,7 @@ from estimator_dist import export as export_lib
 from estimator_dist import guards
 from estimator_dist import horovod as hvd_lib
 from estimator_dist import horovod_train
+from estimator_dist import saver_hook
 from estimator_dist import strategies
 from estimator_dist import towers
 from estimator_dist.errors import UserError
@@ -230,7 +231,10 @@ def warm_start_settings(p: Plan):
 
 
 def build_estimator(p: Plan, run_config, warm_start=None) -> tf.estimator.Estimator:
-    return tf.estimator.Estimator(model_fn=build_model_fn(p), config=run_config,
+    model_fn = build_model_fn(p)
+    if p.config.distribute.strategy != "multi_worker_mirrored":  # its session adds a saver hook
+        model_fn = saver_hook.with_saver_hook(model_fn, run_config)
+    return tf.estimator.Estimator(model_fn=model_fn, config=run_config,
                                   params=p.params(), warm_start_from=warm_start)
 
 

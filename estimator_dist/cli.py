@@ -26,6 +26,9 @@ TRAIN_FLAGS = {
                               "The global step counts updates: --train_steps N reads N x K "
                               "batches; LR schedules and checkpoints are in updates"),
     "scale_lr": (bool, "multiply the learning rate by the number of replicas (all workers)"),
+    "jit": (bool, "compile the model's graph with XLA (global_jit_level ON_1; CPU and GPU)"),
+    "mixed_precision": (str, "none | bfloat16: Keras layers of the model_fn compute in "
+                             "bfloat16, variables and the loss stay float32 (default none)"),
     "batch_size": (int, "GLOBAL batch per step (per micro-batch with --accumulate_steps); each "
                         "of R replicas gets batch_size / R; tower splits any size over its towers"),
     "train_steps": (int, "global step to train to (optimizer updates)"),

@@ -17,6 +17,7 @@ from estimator_dist.errors import UserError
 CONFIG_FILE = "config.yaml"
 EXPORT_MODES = ("latest", "best", "final", "none")
 VARIABLE_DEVICES = ("cpu", "device0")
+MIXED_PRECISION = ("none", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,16 @@ class DistributeConfig:
     scale_lr: bool = False
 
 
-SECTIONS = {"data": DataConfig, "train": TrainConfig, "distribute": DistributeConfig}
+@dataclass(frozen=True)
+class ComputeConfig:
+    """How each step computes: XLA compilation, bfloat16 mixed precision."""
+
+    jit: bool = False
+    mixed_precision: str = "none"
+
+
+SECTIONS = {"data": DataConfig, "train": TrainConfig, "distribute": DistributeConfig,
+            "compute": ComputeConfig}
 TOP_LEVEL = ("model", "imports", "hparams") + tuple(SECTIONS)
 
 
@@ -77,6 +87,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     distribute: DistributeConfig = field(default_factory=DistributeConfig)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
     hparams: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     imports: Tuple[str, ...] = ()
 
@@ -224,6 +235,7 @@ def build_config(model: str, file_data: Mapping[str, Any], flags: Mapping[str, A
         data=DataConfig(**sections["data"]),
         train=TrainConfig(**sections["train"]),
         distribute=DistributeConfig(**sections["distribute"]),
+        compute=ComputeConfig(**sections["compute"]),
         hparams=MappingProxyType(hparams),
         imports=tuple(imports),
     )
@@ -262,6 +274,9 @@ def validate(config: Config):
     if d.accumulate_steps < 1:
         raise UserError(f"--accumulate_steps {d.accumulate_steps}: must be >= 1 "
                         f"(1 = apply every batch)")
+    if config.compute.mixed_precision not in MIXED_PRECISION:
+        raise UserError(f"--mixed_precision {config.compute.mixed_precision}: must be "
+                        f"{' or '.join(MIXED_PRECISION)}")
 
 
 # Metrics where larger is better even without --higher_is_better.

@@ -11,6 +11,7 @@ from typing import Tuple
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
+from estimator_dist import xla
 from estimator_dist.errors import UserError
 
 MAX_LOGICAL_CPUS = max(8, os.cpu_count() or 1)
@@ -27,7 +28,8 @@ class Devices:
     def count(self) -> int:
         return len(self.names)
 
-    def session_config(self) -> tf.compat.v1.ConfigProto:
+    def session_config(self, jit: bool = False) -> tf.compat.v1.ConfigProto:
+        """Devices, thread pools, grappler once; with `jit` XLA auto-clustering (--jit)."""
         cpus = self.count if self.kind == "CPU" else 1
         config = tf.compat.v1.ConfigProto(
             device_count={"CPU": cpus}, allow_soft_placement=True)
@@ -43,7 +45,7 @@ class Devices:
             config.inter_op_parallelism_threads = max(2, self.count)
         if self.kind == "GPU":
             config.gpu_options.allow_growth = True
-        return config
+        return xla.enable(config) if jit else config
 
 
 def available_cores() -> int:

@@ -3,6 +3,13 @@ import logging
 import os
 import warnings
 
+_state = {"quiet": False}
+
+
+def is_quiet() -> bool:
+    """Whether configure() silenced TensorFlow (no --verbose)."""
+    return _state["quiet"]
+
 
 def configure(verbose: bool):
     """Call before TensorFlow is imported; afterwards it also quiets the Python loggers."""
@@ -16,6 +23,7 @@ def configure(verbose: bool):
     import tensorflow as tf
     from tensorflow.python.util import deprecation
 
+    _state["quiet"] = not verbose
     if verbose:
         tf.get_logger().setLevel("INFO")
         return

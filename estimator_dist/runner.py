@@ -27,9 +27,11 @@ from estimator_dist import export as export_lib
 from estimator_dist import guards
 from estimator_dist import horovod as hvd_lib
 from estimator_dist import horovod_train
+from estimator_dist import quiet
 from estimator_dist import saver_hook
 from estimator_dist import strategies
 from estimator_dist import towers
+from estimator_dist import xla
 from estimator_dist.errors import UserError
 from estimator_dist.hooks import ProgressHook
 from estimator_dist.registry import INPUTS, MODELS, Entry
@@ -177,7 +179,9 @@ def build_run_config(p: Plan, strategy,
 
 
 def session_config(p: Plan) -> tf.compat.v1.ConfigProto:
-    config = p.devices.session_config()
+    config = p.devices.session_config(jit=p.config.compute.jit)
+    if p.config.compute.jit and quiet.is_quiet():
+        xla.compile_once_quietly()
     if p.ranks:
         return hvd_lib.session_config(config, p.devices, p.ranks, devices_lib.available_cores())
     return config

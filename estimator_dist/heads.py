@@ -15,6 +15,8 @@ def weight_decay_loss(params):
 
 def classification_spec(logits, labels, mode, params, update_ops=None):
     """Softmax classification: predictions, export outputs, accuracy, train op."""
+    # bfloat16 logits (--mixed_precision): softmax, loss, metrics and exports in float32.
+    logits = tf.cast(logits, tf.float32)
     probabilities = tf.nn.softmax(logits)
     predictions = {
         "class_ids": tf.argmax(logits, axis=-1, output_type=tf.int64),
@@ -36,7 +38,7 @@ def classification_spec(logits, labels, mode, params, update_ops=None):
 
 def regression_spec(outputs, labels, mode, params, update_ops=None):
     """Mean-squared-error regression with a single output."""
-    outputs = tf.reshape(outputs, [-1])
+    outputs = tf.cast(tf.reshape(outputs, [-1]), tf.float32)  # bfloat16 with --mixed_precision
     predictions = {"predictions": outputs}
     if mode == tf.estimator.ModeKeys.PREDICT:
         return tf.estimator.EstimatorSpec(

@@ -27,6 +27,7 @@ from estimator_dist import export as export_lib
 from estimator_dist import guards
 from estimator_dist import horovod as hvd_lib
 from estimator_dist import horovod_train
+from estimator_dist import precision
 from estimator_dist import quiet
 from estimator_dist import saver_hook
 from estimator_dist import strategies
@@ -188,18 +189,21 @@ def session_config(p: Plan) -> tf.compat.v1.ConfigProto:
 
 
 def build_model_fn(p: Plan):
-    """The registered model_fn, wrapped into towers, gradient accumulation or Horovod if asked."""
+    """The registered model_fn, wrapped into towers, gradient accumulation or Horovod if asked.
+
+    Outermost, --mixed_precision: the whole graph build runs under its Keras policy.
+    """
     d = p.config.distribute
     model_fn = seeded(p.model.fn, p.config.train.seed)
     if d.strategy == "horovod":
-        return horovod_train.wrap_model_fn(model_fn, p.model.name)
-    if d.strategy != "tower" and d.accumulate_steps == 1:
-        return model_fn
-    tower_devices = p.devices.names if d.strategy == "tower" else ()
-    return towers.tower_model_fn(
-        model_fn, p.model.name, devices=tower_devices,
-        variable_device=strategies.variable_device(d.strategy, d.variable_device, p.devices),
-        accumulate_steps=d.accumulate_steps)
+        model_fn = horovod_train.wrap_model_fn(model_fn, p.model.name)
+    elif d.strategy == "tower" or d.accumulate_steps > 1:
+        tower_devices = p.devices.names if d.strategy == "tower" else ()
+        model_fn = towers.tower_model_fn(
+            model_fn, p.model.name, devices=tower_devices,
+            variable_device=strategies.variable_device(d.strategy, d.variable_device, p.devices),
+            accumulate_steps=d.accumulate_steps)
+    return precision.wrap_model_fn(model_fn, p.config.compute.mixed_precision, p.model.name)
 
 
 def seeded(model_fn, seed: int):
@@ -461,6 +465,9 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
         cluster_lib.apply(p.cluster)
     say = out if p.role in ("local", "chief", "evaluator") else silent
     say(describe(p))
+    note = precision.cpu_note(config.compute.mixed_precision)
+    if note:
+        say(note)
     if p.writes_run_files:  # before anything is written: refuse a damaged or mismatched checkpoint
         guards.check_resume(p.model_dir, build_model_fn(p),
                             make_input_fn(p, tf.estimator.ModeKeys.TRAIN), p.params(), say=out)

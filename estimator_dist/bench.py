@@ -82,6 +82,7 @@ class Case:
     workers: int = 1
     real_input: bool = False
     tf_defaults: bool = False  # TensorFlow's own environment defaults, not the CLI's (oneDNN)
+    compute: str = ""  # "jit" or "bfloat16": the project's --jit / --mixed_precision bfloat16
 
     @property
     def name(self) -> str:
@@ -89,7 +90,8 @@ class Case:
             return f"{self.driver} {self.strategy} {self.workers} worker(s) x 1 core"
         text = f"{self.driver} {self.strategy} N={self.num_devices}"
         return text + (" real input" if self.real_input else "") + \
-            (" TF default env" if self.tf_defaults else "")
+            (" TF default env" if self.tf_defaults else "") + \
+            (f" {self.compute}" if self.compute else "")
 
     @property
     def key(self) -> str:
@@ -101,7 +103,8 @@ def cases_for(model: str) -> List[Case]:
     c = lambda driver, strategy="none", n=1, **kw: Case(model, driver, strategy, n, **kw)  # noqa: E731
     return [
         c("plain", tf_defaults=True), c("plain"), c("project"), c("keras"),
-        c("project", real_input=True),
+        c("project", real_input=True), c("project", compute="jit"),
+    ] + ([c("project", compute="bfloat16")] if model == "mlp" else []) + [
         c("project", "tower"), c("project", "mirrored"), c("project", "central_storage"),
         c("plain", "mirrored", 2), c("project", "mirrored", 2), c("keras", "mirrored", 2),
         c("project", "tower", 2), c("project", "central_storage", 2),
@@ -110,9 +113,12 @@ def cases_for(model: str) -> List[Case]:
          if horovod_installed() else [])
 
 
+COMPUTE_FLAGS = {"": (), "jit": ("--jit",), "bfloat16": ("--mixed_precision", "bfloat16")}
+
 # --quick: every driver and code path once, at tiny sizes.
 QUICK_CASES = {
     "mlp": ("plain none N=1", "project none N=1", "keras none N=1", "project none N=1 real input",
+            "project none N=1 jit", "project none N=1 bfloat16",
             "project mirrored N=2", "keras mirrored N=2", "project tower N=2",
             "project multi_worker_mirrored 1 worker(s) x 1 core",
             "project multi_worker_mirrored 2 worker(s) x 1 core",
@@ -138,6 +144,9 @@ TARGETS = [
     ("2-worker scaling efficiency (MWMS, 1 core each)",
      "project multi_worker_mirrored 2 worker(s) x 1 core",
      "project multi_worker_mirrored 1 worker(s) x 1 core", "scaling", 0.90),
+    ("XLA --jit / without, N=1", "project none N=1 jit", "project none N=1", "min", None),
+    ("--mixed_precision bfloat16 / float32, N=1", "project none N=1 bfloat16", "project none N=1",
+     "min", None),
     ("horovod / multi_worker_mirrored, 2 processes x 1 core",
      "project horovod 2 worker(s) x 1 core",
      "project multi_worker_mirrored 2 worker(s) x 1 core", "min", None),
@@ -233,7 +242,8 @@ class Runner:
             "peer_results": [self._result_path(tag, w) for w in range(case.workers) if w != worker],
             "cores": [worker % (os.cpu_count() or 1)]
             if case.strategy in PROCESS_STRATEGIES else [],
-            "extra_args": list(self.options.extra_args) if case.driver == "project" else [],
+            "extra_args": list(self.options.extra_args) + list(COMPUTE_FLAGS[case.compute])
+            if case.driver == "project" else [],
             "tf_defaults": case.tf_defaults,
         }
 
@@ -422,7 +432,10 @@ def target_rows(options: Options, measurements: List[Measurement]) -> List[Dict]
     """
     out = []
     for model in options.models:
+        names = {c.name for c in cases_for(model)}
         for label, num, den, kind, goal in TARGETS:
+            if num not in names or den not in names:  # e.g. bfloat16: the MLP only
+                continue
             ratios, cpu = [], []
             for r in range(options.rounds):
                 a = _find(measurements, model, num, r)

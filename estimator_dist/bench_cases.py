@@ -74,14 +74,16 @@ def memory_input(mode, params):
 @register_model("bench_mlp", hparams=MLP_HPARAMS, default_input="bench_memory",
                 run_defaults={"batch_size": 256, "train_steps": 2000})
 def mlp_model_fn(features, labels, mode, params):
-    """A small MLP on 32x32x3 images (the benchmark's overhead-bound model)."""
+    """A small MLP on 32x32x3 images (the benchmark's overhead-bound model).
+
+    Keras layers, so that --mixed_precision bfloat16 applies to it.
+    """
+    layers = tf.keras.layers
     images = features["image"] if isinstance(features, dict) else features
-    x = tf.compat.v1.layers.flatten(tf.cast(images, tf.float32))
+    x = layers.Flatten()(tf.cast(images, tf.float32))
     for i in range(int(params["hidden_layers"])):
-        x = tf.compat.v1.layers.dense(x, int(params["hidden_units"]), activation=tf.nn.relu,
-                                      name=f"hidden{i + 1}")
-    logits = tf.compat.v1.layers.dense(x, int(params.get("num_classes") or NUM_CLASSES),
-                                       name="logits")
+        x = layers.Dense(int(params["hidden_units"]), activation="relu", name=f"hidden{i + 1}")(x)
+    logits = layers.Dense(int(params.get("num_classes") or NUM_CLASSES), name="logits")(x)
     return classification_spec(logits, labels, mode, params)
 
 

@@ -24,11 +24,12 @@ def test_rounds_alternate_order_and_every_target_names_real_cases(monkeypatch):
     monkeypatch.setattr(bench, "horovod_installed", lambda: True)
     rounds = bench.schedule(bench.Options(rounds=3))
     assert rounds[1] == list(reversed(rounds[0])) and rounds[2] == rounds[0]
-    names = {c.name for c in bench.cases_for("cifar")}
+    names = {model: {c.name for c in bench.cases_for(model)} for model in bench.MODELS}
     for _, numerator, denominator, _, _ in bench.TARGETS:
-        assert numerator in names and denominator in names
+        assert any({numerator, denominator} <= cases for cases in names.values())
     for model, wanted in bench.QUICK_CASES.items():
-        assert set(wanted) <= names
+        assert set(wanted) <= names[model]
+    assert "project none N=1 bfloat16" in names["mlp"] - names["cifar"]  # cifar: v1 layers
 
 
 def test_quick_runs_a_subset_and_cases_filters():

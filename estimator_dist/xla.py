@@ -34,7 +34,9 @@ def compile_once_quietly():
     with tf.Graph().as_default(), _stderr_discarded():
         x = tf.compat.v1.placeholder(tf.float32, [8, 8])
         y = tf.reduce_sum(tf.nn.relu(tf.matmul(x, x) * 2.0 + 1.0))
-        with tf.compat.v1.Session(config=enable(tf.compat.v1.ConfigProto())) as session:
+        # No GPU in this session: the first session of a process fixes its GPU allocator.
+        config = enable(tf.compat.v1.ConfigProto(device_count={"GPU": 0}))
+        with tf.compat.v1.Session(config=config) as session:
             session.run(y, {x: np.ones([8, 8], np.float32)})
     _compiled_once.append(True)
 

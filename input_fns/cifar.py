@@ -228,21 +228,37 @@ def source_dataset(params, training):
 def preprocess(images, labels, training):
     """A batch [B,32,32,3]: pad-4 random crop and flip when training; per-image standardization.
 
-    Vectorized over the batch (a handful of ops per batch, not per image): each image
-    gets its own crop offsets (0..8 in both axes) and its own coin for the flip, which
-    is folded into the column gather (float32 throughout: TF's uint8 kernels are slow).
+    Vectorized over the batch: each image gets its own shift (-4..4 pixels in both axes,
+    zeros shifted in, as cropping a zero-padded image) and its own coin for the flip
+    (float32 throughout: TF's uint8 kernels are slow).
     """
     images = tf.cast(images, tf.float32)
     if training:
         n = tf.shape(images)[0]
-        padded = tf.pad(images, [[0, 0], [PAD, PAD], [PAD, PAD], [0, 0]])
-        rows = tf.random.uniform([n, 1], 0, 2 * PAD + 1, tf.int32) + tf.range(HEIGHT)
-        flip = tf.random.uniform([n, 1]) < 0.5
-        cols = tf.random.uniform([n, 1], 0, 2 * PAD + 1, tf.int32) + \
-            tf.where(flip, tf.range(WIDTH - 1, -1, -1), tf.range(WIDTH))
-        images = tf.gather(tf.gather(padded, rows, axis=1, batch_dims=1), cols, axis=2,
-                           batch_dims=1)
+        shift = lambda: tf.random.uniform([n], -PAD, PAD + 1, tf.int32)  # noqa: E731
+        images = shifted_crops(images, shift(), shift(), tf.random.uniform([n]) < 0.5)
     return {"image": tf.image.per_image_standardization(images)}, labels
+
+
+def shifted_crops(images, dy, dx, flip):
+    """out[b, i, j] = images[b, i + dy[b], j + dx[b]] (0 outside), mirrored left-right where flip[b].
+
+    One crop_and_resize with nearest sampling whose samples all land on pixel centres,
+    instead of pad + two batched gathers: per 256-image batch, decoding plus the crop
+    7.1-7.5 ms of CPU instead of 11.0-11.7, the whole reader 12.0 instead of 13.7
+    (README "Performance"). A 1-pixel zero border keeps every real pixel strictly
+    inside the sampled range, so float rounding at the edges only ever reads zeros.
+    """
+    n = tf.shape(images)[0]
+    padded = tf.pad(images, [[0, 0], [1, 1], [1, 1], [0, 0]])
+    dy, dx = tf.cast(dy, tf.float32), tf.cast(dx, tf.float32)
+    # Normalized by the padded extent - 1 (33), a box spanning 31 pixels gives a
+    # sampling step of exactly one pixel for a 32-pixel crop.
+    top, bottom = (dy + 1) / (HEIGHT + 1), (dy + HEIGHT) / (HEIGHT + 1)
+    left, right = (dx + 1) / (WIDTH + 1), (dx + WIDTH) / (WIDTH + 1)
+    boxes = tf.stack([top, tf.where(flip, right, left), bottom, tf.where(flip, left, right)], axis=1)
+    return tf.image.crop_and_resize(padded, boxes, tf.range(n), [HEIGHT, WIDTH],
+                                    method="nearest", extrapolation_value=0.0)
 
 
 @register_input("cifar", prepare=prepare)

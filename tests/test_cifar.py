@@ -129,6 +129,18 @@ def test_train_batches_are_augmented_standardized_and_repeat(tmp_path):
         assert set(labels.numpy().tolist()) <= train_labels
 
 
+def test_shifted_crops_equal_padded_crops_and_flips_for_every_offset():
+    rng = np.random.RandomState(0)
+    offsets = [(dy, dx, f) for dy in range(-4, 5) for dx in range(-4, 5) for f in (False, True)]
+    images = rng.uniform(1, 255, size=(len(offsets), 32, 32, 3)).astype(np.float32)
+    dy, dx, flip = (np.array(v) for v in zip(*offsets))
+    got = cifar.shifted_crops(tf.constant(images), dy, dx, flip).numpy()
+    padded = np.pad(images, [(0, 0), (4, 4), (4, 4), (0, 0)])
+    for b, (y, x, f) in enumerate(offsets):
+        want = padded[b, 4 + y:36 + y, 4 + x:36 + x]
+        np.testing.assert_array_equal(got[b], want[:, ::-1] if f else want, err_msg=str((y, x, f)))
+
+
 def test_train_shuffle_follows_the_seed(tmp_path):
     write_cifar_files(tmp_path)
 

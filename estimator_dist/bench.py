@@ -118,7 +118,7 @@ COMPUTE_FLAGS = {"": (), "jit": ("--jit",), "bfloat16": ("--mixed_precision", "b
 # --quick: every driver and code path once, at tiny sizes.
 QUICK_CASES = {
     "mlp": ("plain none N=1", "project none N=1", "keras none N=1", "project none N=1 real input",
-            "project none N=1 jit", "project none N=1 bfloat16",
+            "project none N=1 bfloat16",
             "project mirrored N=2", "keras mirrored N=2", "project tower N=2",
             "project multi_worker_mirrored 1 worker(s) x 1 core",
             "project multi_worker_mirrored 2 worker(s) x 1 core",

@@ -19,17 +19,16 @@ How, and why this way (TF 2.15 pip wheel, measured):
 - CPUs without avx512_bf16 / amx_bf16 emulate bfloat16: a ResNet step took
   ~14x the CPU time of float32 on a 2-core AMD EPYC. `cpu_note` says so.
 """
-import functools
-import inspect
 import os
 import threading
 from typing import Iterable, Optional
 
 import tensorflow as tf
 
+from estimator_dist import devices as devices_lib
+from estimator_dist import model_fn_wrap
 from estimator_dist.errors import UserError
 
-TRAIN = tf.estimator.ModeKeys.TRAIN
 POLICY = "mixed_bfloat16"
 CPUINFO = "/proc/cpuinfo"
 # x86 (AVX512-BF16, AMX) and ARM (FEAT_BF16, "bf16" in /proc/cpuinfo Features).
@@ -48,22 +47,18 @@ def wrap_model_fn(model_fn, mixed_precision: str, model_name: str):
     """
     if mixed_precision == "none":
         return model_fn
-    signature = inspect.signature(model_fn)
 
-    @functools.wraps(model_fn)
-    def wrapper(*args, **kwargs):
+    def call(mode, build):
         with bfloat16_policy():
-            spec = model_fn(*args, **kwargs)
-        if signature.bind_partial(*args, **kwargs).arguments.get("mode") == TRAIN and \
-                not has_bfloat16_op(tf.compat.v1.get_default_graph()):
+            spec = build()
+        if mode == model_fn_wrap.TRAIN and not has_bfloat16_op(tf.compat.v1.get_default_graph()):
             raise UserError(
                 f"--mixed_precision bfloat16: model {model_name} builds no Keras layers "
                 f"(tf.compat.v1.layers ignore the mixed precision policy), so nothing would "
                 f"compute in bfloat16; drop the flag or build the model_fn from tf.keras.layers")
         return spec
 
-    wrapper.__signature__ = signature
-    return wrapper
+    return model_fn_wrap.around(model_fn, call)
 
 
 class bfloat16_policy:  # noqa: N801 - a context manager that reads like a function
@@ -101,7 +96,7 @@ def cpu_note(mixed_precision: str, cpuinfo_path: str = CPUINFO,
     if mixed_precision != "bfloat16":
         return None
     if has_gpu is None:
-        has_gpu = bool(tf.config.list_physical_devices("GPU"))
+        has_gpu = devices_lib.gpu_count() > 0
     flags = None if has_gpu else cpu_flags(cpuinfo_path)
     if not flags or any(f in flags for f in NATIVE_BF16_FLAGS):
         return None

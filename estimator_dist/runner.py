@@ -4,7 +4,6 @@
 split, the input's data) before anything is written, so bad input leaves
 model_dir untouched.
 """
-import functools
 import glob
 import importlib
 import inspect
@@ -27,6 +26,7 @@ from estimator_dist import export as export_lib
 from estimator_dist import guards
 from estimator_dist import horovod as hvd_lib
 from estimator_dist import horovod_train
+from estimator_dist import model_fn_wrap
 from estimator_dist import precision
 from estimator_dist import quiet
 from estimator_dist import saver_hook
@@ -216,13 +216,11 @@ def seeded(model_fn, seed: int):
     if seed < 0:
         return model_fn
 
-    @functools.wraps(model_fn)
-    def wrapper(*args, **kwargs):
+    def call(mode, build):
         tf.keras.utils.set_random_seed(seed)
-        return model_fn(*args, **kwargs)
+        return build()
 
-    wrapper.__signature__ = inspect.signature(model_fn)
-    return wrapper
+    return model_fn_wrap.around(model_fn, call)
 
 
 def warm_start_settings(p: Plan):
@@ -239,9 +237,7 @@ def warm_start_settings(p: Plan):
 
 
 def build_estimator(p: Plan, run_config, warm_start=None) -> tf.estimator.Estimator:
-    model_fn = build_model_fn(p)
-    if p.config.distribute.strategy != "multi_worker_mirrored":  # its session adds a saver hook
-        model_fn = saver_hook.with_saver_hook(model_fn, run_config)
+    model_fn = saver_hook.with_saver_hook(build_model_fn(p), run_config)
     return tf.estimator.Estimator(model_fn=model_fn, config=run_config,
                                   params=p.params(), warm_start_from=warm_start)
 
@@ -261,8 +257,6 @@ def make_input_fn(p: Plan, mode):
 
 
 def _takes_context(fn) -> bool:
-    import inspect
-
     return "input_context" in inspect.signature(fn).parameters
 
 

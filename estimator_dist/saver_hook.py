@@ -14,25 +14,20 @@ Left to Estimator's own hook: a model_fn whose Scaffold carries its own saver
 or which returns a CheckpointSaverHook itself, and multi_worker_mirrored
 (whose MonitoredTrainingSession adds a saver hook of its own).
 """
-import functools
-import inspect
-
 import tensorflow as tf
 
-TRAIN = tf.estimator.ModeKeys.TRAIN
+from estimator_dist import model_fn_wrap
 
 
 def with_saver_hook(model_fn, run_config: tf.estimator.RunConfig):
     """`model_fn` whose TRAIN spec carries a step-checkpoint hook, when one applies."""
-    if not run_config.save_checkpoints_steps:
+    if not run_config.save_checkpoints_steps or \
+            isinstance(run_config.train_distribute, tf.distribute.MultiWorkerMirroredStrategy):
         return model_fn
-    signature = inspect.signature(model_fn)
 
-    @functools.wraps(model_fn)
-    def wrapper(*args, **kwargs):
-        spec = model_fn(*args, **kwargs)
-        mode = signature.bind_partial(*args, **kwargs).arguments.get("mode")
-        if mode != TRAIN or not _uses_default_saving(spec):
+    def call(mode, build):
+        spec = build()
+        if mode != model_fn_wrap.TRAIN or not _uses_default_saving(spec):
             return spec
         hook = tf.compat.v1.train.CheckpointSaverHook(
             run_config.model_dir, save_steps=run_config.save_checkpoints_steps,
@@ -40,8 +35,7 @@ def with_saver_hook(model_fn, run_config: tf.estimator.RunConfig):
         hook._set_steps_per_run(1)  # pylint: disable=protected-access
         return spec._replace(training_chief_hooks=list(spec.training_chief_hooks) + [hook])
 
-    wrapper.__signature__ = signature
-    return wrapper
+    return model_fn_wrap.around(model_fn, call)
 
 
 def _uses_default_saving(spec: tf.estimator.EstimatorSpec) -> bool:

@@ -10,6 +10,7 @@ does not govern in TF 2.15. Both are logged once per process, so a quiet run
 (no --verbose) first compiles a tiny graph with stderr sent to /dev/null.
 """
 import contextlib
+import functools
 import os
 import sys
 
@@ -19,18 +20,14 @@ from tensorflow.python.client import pywrap_tf_session
 
 pywrap_tf_session.TF_SetTfXlaCpuGlobalJit(True)
 
-_compiled_once = []
-
-
 def enable(config: tf.compat.v1.ConfigProto) -> tf.compat.v1.ConfigProto:
     config.graph_options.optimizer_options.global_jit_level = tf.compat.v1.OptimizerOptions.ON_1
     return config
 
 
+@functools.lru_cache(maxsize=None)  # once per process
 def compile_once_quietly():
     """Spend XLA's once-per-process log lines on a throwaway graph, out of sight."""
-    if _compiled_once:
-        return
     with tf.Graph().as_default(), _stderr_discarded():
         x = tf.compat.v1.placeholder(tf.float32, [8, 8])
         y = tf.reduce_sum(tf.nn.relu(tf.matmul(x, x) * 2.0 + 1.0))
@@ -38,7 +35,6 @@ def compile_once_quietly():
         config = enable(tf.compat.v1.ConfigProto(device_count={"GPU": 0}))
         with tf.compat.v1.Session(config=config) as session:
             session.run(y, {x: np.ones([8, 8], np.float32)})
-    _compiled_once.append(True)
 
 
 @contextlib.contextmanager

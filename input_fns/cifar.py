@@ -238,10 +238,20 @@ def preprocess(images, labels, training):
     (uint8 pixels go into the crop as they are: it writes float32).
     """
     if training:
-        n = tf.shape(images)[0]
+        n = batch_size_of(images)
         shift = lambda: tf.random.uniform([n], -PAD, PAD + 1, tf.int32)  # noqa: E731
         images = shifted_crops(images, shift(), shift(), tf.random.uniform([n]) < 0.5)
     return {"image": tf.image.per_image_standardization(tf.cast(images, tf.float32))}, labels
+
+
+def batch_size_of(images):
+    """The batch dimension: static when known (training batches), else a tensor.
+
+    With static box shapes grappler's cost model can price the crop: with dynamic
+    ones it logs an "Error in PredictCost()" warning that TF_CPP_MIN_LOG_LEVEL
+    does not silence.
+    """
+    return images.shape[0] if images.shape[0] is not None else tf.shape(images)[0]
 
 
 def shifted_crops(images, dy, dx, flip):
@@ -253,7 +263,7 @@ def shifted_crops(images, dy, dx, flip):
     (README "Performance"). A 1-pixel zero border keeps every real pixel strictly
     inside the sampled range, so float rounding at the edges only ever reads zeros.
     """
-    n = tf.shape(images)[0]
+    n = batch_size_of(images)
     padded = tf.pad(images, [[0, 0], [1, 1], [1, 1], [0, 0]])
     dy, dx = tf.cast(dy, tf.float32), tf.cast(dx, tf.float32)
     # Normalized by the padded extent - 1 (33), a box spanning 31 pixels gives a

@@ -1,5 +1,7 @@
 """Shared test setup: quiet TensorFlow, register built-ins, small training helpers."""
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -14,6 +16,14 @@ from estimator_dist import runner  # noqa: E402
 from estimator_dist.registry import MODELS  # noqa: E402
 
 runner.load_builtins()
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(*args, timeout=300):
+    """`python -m estimator_dist ARGS` in a fresh process, as a user runs it: the finished process."""
+    return subprocess.run([sys.executable, "-m", "estimator_dist", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def make_config(model="digits", overrides=(), **flags):

@@ -457,16 +457,12 @@ def test_reader_threads_leave_cores_to_the_training_step(tmp_path, monkeypatch):
 def test_training_from_the_binary_files_is_quiet_by_default(tmp_path):
     """No TensorFlow C++ log lines without --verbose (a dynamic-shape crop made grappler's
     cost model log an "Error in PredictCost()" warning that TF_CPP_MIN_LOG_LEVEL misses)."""
-    import subprocess
-    import sys
+    from conftest import run_cli
 
     write_cifar_files(tmp_path / "data")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(
-        [sys.executable, "-m", "estimator_dist", "train", "--model", "cifar", "--data_dir",
-         str(tmp_path / "data"), "--set", "depth=8", "--batch_size", "8", "--train_steps", "2",
-         "--eval_steps", "1", "--export", "none", "--model_dir", str(tmp_path / "model")],
-        cwd=repo, capture_output=True, text=True, timeout=300)
+    proc = run_cli("train", "--model", "cifar", "--data_dir", str(tmp_path / "data"),
+                   "--set", "depth=8", "--batch_size", "8", "--train_steps", "2",
+                   "--eval_steps", "1", "--export", "none", "--model_dir", str(tmp_path / "model"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.strip() == "", proc.stderr[-2000:]
     assert "done: step 2" in proc.stdout

@@ -1,13 +1,8 @@
 """CLI: parsing, `list`, and bad input -> one line, exit 2, nothing written."""
-import os
-import subprocess
-import sys
-
 import pytest
 
+from conftest import run_cli
 from estimator_dist import cli
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_main(argv, capsys):
@@ -79,9 +74,7 @@ def test_no_checkpoint_refused(command, tmp_path, capsys):
 
 def test_console_script_exit_code_and_no_traceback(tmp_path):
     """The real entry point, as a user runs it."""
-    proc = subprocess.run([sys.executable, "-m", "estimator_dist", "train", "--model", "cifra",
-                           "--model_dir", str(tmp_path / "r")],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = run_cli("train", "--model", "cifra", "--model_dir", str(tmp_path / "r"), timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert "unknown model 'cifra'" in proc.stderr and proc.stdout == ""

@@ -1,17 +1,13 @@
 """--jit: XLA auto-clustering of the training graph, on CPU too, quiet unless --verbose."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import quick_train
+from conftest import quick_train, run_cli
 from estimator_dist import devices as devices_lib
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = ["--model", "digits", "--train_steps", "30", "--batch_size", "32", "--seed", "1",
          "--save_checkpoints_steps", "30", "--export", "none"]
 
@@ -40,10 +36,8 @@ def test_session_config_clusters_cpu_ops_only_with_jit():
 
 def cli_train(tmp_path, name, *extra):
     summary = tmp_path / f"{name}.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "estimator_dist", "train", *FLAGS, "--model_dir",
-         str(tmp_path / name), "--summary_json", str(summary), *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = run_cli("train", *FLAGS, "--model_dir", str(tmp_path / name),
+                   "--summary_json", str(summary), *extra)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc, json.loads(summary.read_text())
 

@@ -1,7 +1,5 @@
 """--mixed_precision bfloat16: bfloat16 ops in the graph, float32 variables and outputs, refusals, cpu_note."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -9,7 +7,7 @@ import tensorflow as tf
 from google.protobuf import text_format
 from tensorflow.core.protobuf import saved_model_pb2
 
-from conftest import make_config, quick_train
+from conftest import make_config, quick_train, run_cli
 from estimator_dist import cli
 from estimator_dist import config as config_lib
 from estimator_dist import precision
@@ -18,7 +16,6 @@ from estimator_dist.errors import UserError
 from input_fns.digits import load_arrays
 from test_end_to_end import event_losses
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = tf.estimator.ModeKeys
 CIFAR_REFUSED = ("--mixed_precision bfloat16: model cifar builds no Keras layers "
                  "(tf.compat.v1.layers ignore the mixed precision policy), so nothing would "
@@ -106,10 +103,9 @@ def test_cifar_model_fn_refused_in_train_mode():
 
 
 def test_cifar_bfloat16_cli_one_line_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "estimator_dist", "train", "--model", "cifar",
-                           "--synthetic", "--batch_size", "8", "--train_steps", "2",
-                           "--mixed_precision", "bfloat16", "--model_dir", str(tmp_path / "r")],
-                          capture_output=True, text=True, cwd=REPO, timeout=180)
+    proc = run_cli("train", "--model", "cifar", "--synthetic", "--batch_size", "8",
+                   "--train_steps", "2", "--mixed_precision", "bfloat16",
+                   "--model_dir", str(tmp_path / "r"), timeout=180)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == f"estimator-dist: error: {CIFAR_REFUSED}"
     assert "Traceback" not in proc.stdout + proc.stderr

@@ -2,18 +2,20 @@
 
 Each case (bench_cases.py) runs in its own process: a fresh TensorFlow runtime,
 its own peak RSS, and its start-up time measured from the moment this process
-launched it. Cases run one at a time in rounds, the order reversed every other
-round (ABBA), so that the load of a shared machine falls on all of them alike;
-a case's figure is the median over rounds, a ratio the median of the ratios
-taken within each round.
+launched it. The cases a target compares form a group whose processes are alive
+together and take turns in short bursts of steps (bench_runner.py), so that the
+load of a shared machine falls on both sides of a ratio alike; a ratio is the
+median of the ratios taken burst by burst. `--rounds R` repeats every group,
+the order reversed every other round; a case's figure is then the median over
+rounds, a ratio the median of the per-round ratios.
 
 Throughput is GLOBAL examples/sec (every replica and worker) in steady state:
-global batch / the median step time over a fixed number of steps after a
-discarded warm-up (the mean over those steps is shown beside it, as "window"),
-on the same in-memory data, batch and step count for every case.
-multi_worker_mirrored and horovod (when Horovod is installed) run one process
-per worker or rank, each pinned to one core, with the per-worker batch fixed (weak scaling,
-as tf_cnn_benchmarks and Horovod report scaling).
+global batch / the median step time after a discarded warm-up (the mean over
+the same steps is shown beside it, as "window"), on the same in-memory data,
+batch and step count for every case. multi_worker_mirrored and horovod (when
+Horovod is installed) run one process per worker or rank, each pinned to one
+core, with the per-worker batch fixed (weak scaling, as tf_cnn_benchmarks and
+Horovod report scaling).
 """
 import csv
 import importlib.util
@@ -21,7 +23,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,11 +30,10 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from estimator_dist import bench_runner
 from estimator_dist.errors import UserError
 
 DEFAULT_OUTPUT_DIR = os.path.join("runs", "bench")
-ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
-ONEDNN_DEFAULT = "1"  # what cli.main sets unless the environment says otherwise
 MODELS = ("cifar", "mlp")
 CASE_TIMEOUT_S = 300.0
 QUICK_CASE_TIMEOUT_S = 120.0
@@ -49,17 +49,27 @@ class ModelSettings:
     title: str
     batch: int
     warmup: int
-    steps: int
+    bursts: int
+    burst_steps: int  # the first step of a burst is not measured (it wakes the process up)
     train_steps: int = 2000  # what schedules and log/summary intervals see, as in a real run
+
+    @property
+    def steps(self) -> int:
+        """Measured steps per case and round."""
+        return self.bursts * (self.burst_steps - 1)
 
 
 SETTINGS = {
-    "cifar": ModelSettings("cifar", "ResNet-20 (cifar)", batch=64, warmup=5, steps=20),
-    "mlp": ModelSettings("bench_mlp", "MLP 3072-256-256-10", batch=256, warmup=20, steps=200),
+    "cifar": ModelSettings("cifar", "ResNet-20 (cifar)", batch=64, warmup=5, bursts=8,
+                           burst_steps=5),
+    "mlp": ModelSettings("bench_mlp", "MLP 3072-256-256-10", batch=256, warmup=20, bursts=8,
+                         burst_steps=26),
 }
 QUICK_SETTINGS = {
-    "cifar": ModelSettings("cifar", "ResNet-20 (cifar)", batch=8, warmup=1, steps=2),
-    "mlp": ModelSettings("bench_mlp", "MLP 3072-256-256-10", batch=32, warmup=2, steps=3),
+    "cifar": ModelSettings("cifar", "ResNet-20 (cifar)", batch=8, warmup=1, bursts=2,
+                           burst_steps=2),
+    "mlp": ModelSettings("bench_mlp", "MLP 3072-256-256-10", batch=32, warmup=2, bursts=2,
+                         burst_steps=3),
 }
 
 
@@ -96,6 +106,18 @@ class Case:
     @property
     def key(self) -> str:
         return f"{self.model}:{self.name}"
+
+    @property
+    def group(self) -> str:
+        """Cases of a group run interleaved; every target compares two of one group but
+        Horovod's (no goal): an idle rank's background loop keeps polling its peer, so each
+        Horovod case runs alone."""
+        if self.strategy == "horovod":
+            return f"{self.model}:{self.name}"
+        if self.strategy in PROCESS_STRATEGIES:
+            return f"{self.model}:workers"
+        kind = "single" if self.strategy == "none" else "strategies"
+        return f"{self.model}:N={self.num_devices} {kind}"
 
 
 def cases_for(model: str) -> List[Case]:
@@ -163,6 +185,7 @@ class Measurement:
     round: int
     ok: bool
     examples_per_sec: float = float("nan")  # from the median step
+    burst_examples_per_sec: List[float] = field(default_factory=list)  # each burst's median step
     window_examples_per_sec: float = float("nan")  # over the whole measured window
     first_step_seconds: float = float("nan")
     peak_rss_mb: float = float("nan")
@@ -214,131 +237,53 @@ def write_cifar_files(directory: str, records: int = REAL_RECORDS_PER_FILE, seed
     return directory
 
 
-class Runner:
-    """Launches case processes, one at a time, and collects their results."""
+def case_spec(options: Options, settings, cifar_dir: str, case: Case, model_dir: str,
+              worker: int) -> Dict:
+    """What one process of a case runs (bench_cases.main reads it)."""
+    s = settings[case.model]
+    return {
+        "driver": case.driver,
+        "model": s.registered if case.driver == "project" else case.model,
+        "input": "cifar" if case.real_input else "bench_memory",
+        "data_dir": cifar_dir if case.real_input else "",
+        "strategy": case.strategy,
+        "num_devices": case.num_devices,
+        "global_batch": s.batch * case.workers,
+        "warmup": s.warmup,
+        "train_steps": s.train_steps,
+        "model_dir": model_dir,
+        "cores": [worker % (os.cpu_count() or 1)] if case.strategy in PROCESS_STRATEGIES else [],
+        "extra_args": list(options.extra_args) + list(COMPUTE_FLAGS[case.compute])
+        if case.driver == "project" else [],
+        "tf_defaults": case.tf_defaults,
+    }
 
-    def __init__(self, options: Options, work_dir: str, cifar_dir: str):
-        self.options = options
-        self.work_dir = work_dir
-        self.cifar_dir = cifar_dir
-        self.settings = QUICK_SETTINGS if options.quick else SETTINGS
-        self.count = 0
 
-    def spec(self, case: Case, tag: str, worker: int) -> Dict:
-        s = self.settings[case.model]
-        return {
-            "driver": case.driver,
-            "model": s.registered if case.driver == "project" else case.model,
-            "input": "cifar" if case.real_input else "bench_memory",
-            "data_dir": self.cifar_dir if case.real_input else "",
-            "strategy": case.strategy,
-            "num_devices": case.num_devices,
-            "global_batch": s.batch * case.workers,
-            "warmup": s.warmup,
-            "steps": s.steps,
-            "train_steps": s.train_steps,
-            "model_dir": os.path.join(self.work_dir, "model_dirs", tag),
-            "result": self._result_path(tag, worker),
-            "peer_results": [self._result_path(tag, w) for w in range(case.workers) if w != worker],
-            "cores": [worker % (os.cpu_count() or 1)]
-            if case.strategy in PROCESS_STRATEGIES else [],
-            "extra_args": list(self.options.extra_args) + list(COMPUTE_FLAGS[case.compute])
-            if case.driver == "project" else [],
-            "tf_defaults": case.tf_defaults,
-        }
+def process_envs(case: Case):
+    """(each process's extra environment, a function that releases what it needs)."""
+    if case.strategy == "horovod":
+        from estimator_dist import horovod_launch
 
-    def _result_path(self, tag: str, worker: int) -> str:
-        return os.path.join(self.work_dir, "results", f"{tag}.w{worker}.json")
+        rendezvous = horovod_launch.Rendezvous(case.workers)
+        iface = horovod_launch.loopback_interface()
+        return [rendezvous.rank_env(r, iface) for r in range(case.workers)], rendezvous.stop
+    if case.strategy != "multi_worker_mirrored":
+        return [{}], lambda: None
+    from estimator_dist import launcher
 
-    def run(self, case: Case, round_index: int) -> Measurement:
-        self.count += 1
-        tag = f"{self.count:03d}-{case.model}-{case.name.replace(' ', '_').replace('=', '')}"
-        tag = "".join(ch for ch in tag if ch.isalnum() or ch in "-_.")
-        log_path = os.path.join(self.options.output_dir, "logs", f"{tag}.log")
-        specs = [self.spec(case, tag, w) for w in range(case.workers)]
-        envs, stop = self._process_envs(case)
-        started = time.monotonic()
-        procs = []
-        try:
-            with open(log_path, "w", encoding="utf-8") as log:
-                for worker, spec in enumerate(specs):
-                    procs.append(self._launch(spec, tag, worker, envs, log))
-                error = self._wait(procs)
-        finally:
-            stop()
-        wall = time.monotonic() - started
-        results = [self._read(spec["result"]) for spec in specs]
-        if all(r is not None for r in results):
-            # Every process measured all its steps; a peer's exit code after that (e.g.
-            # Horovod's shutdown error once rank 0 has left) is not the case failing.
-            error = ""
-        if error or any(r is None for r in results):
-            return Measurement(case, round_index, ok=False, wall_seconds=wall, log=log_path,
-                               error=error or "no result written")
-        chief = results[0]
-        return Measurement(case, round_index, ok=True, wall_seconds=wall, log=log_path,
-                           examples_per_sec=chief["examples_per_sec"],
-                           window_examples_per_sec=chief["window_examples_per_sec"],
-                           first_step_seconds=chief["first_step_seconds"],
-                           peak_rss_mb=max(r["peak_rss_mb"] for r in results),
-                           cpu_ms_per_step=chief["cpu_ms_per_step"], onednn=chief.get("onednn"))
+    names = launcher.task_names(case.workers, 0, False)
+    configs = launcher.make_tf_configs(names, launcher.free_ports(len(names)))
+    return [{"TF_CONFIG": configs[name]} for name in names], lambda: None
 
-    @staticmethod
-    def _process_envs(case: Case):
-        """(each process's extra environment, a function that releases what it needs)."""
-        if case.strategy == "horovod":
-            from estimator_dist import horovod_launch
 
-            rendezvous = horovod_launch.Rendezvous(case.workers)
-            iface = horovod_launch.loopback_interface()
-            return [rendezvous.rank_env(r, iface) for r in range(case.workers)], rendezvous.stop
-        if case.strategy != "multi_worker_mirrored":
-            return [{}], lambda: None
-        from estimator_dist import launcher
-
-        names = launcher.task_names(case.workers, 0, False)
-        configs = launcher.make_tf_configs(names, launcher.free_ports(len(names)))
-        return [{"TF_CONFIG": configs[name]} for name in names], lambda: None
-
-    def _launch(self, spec, tag, worker, envs, log):
-        path = os.path.join(self.work_dir, "specs", f"{tag}.w{worker}.json")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("TF_CONFIG", None)
-        if spec["tf_defaults"]:
-            env.pop(ONEDNN, None)
-        else:
-            env.setdefault(ONEDNN, ONEDNN_DEFAULT)  # as `estimator-dist train` runs
-        env.update(envs[worker])
-        argv = [sys.executable, "-c", "from estimator_dist.bench import child_main; child_main()",
-                path]
-        spec = dict(spec, t0=time.monotonic())
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(spec, f)
-        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def _wait(self, procs) -> str:
-        deadline = time.monotonic() + self.options.case_timeout
-        error = ""
-        for proc in procs:
-            try:
-                code = proc.wait(max(0.1, deadline - time.monotonic()))
-                if code != 0 and not error:
-                    error = f"exit code {code}"
-            except subprocess.TimeoutExpired:
-                error = error or f"timed out after {self.options.case_timeout:.0f} s"
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()  # by PID, the process we started
-                proc.wait()
-        return error
-
-    @staticmethod
-    def _read(path) -> Optional[Dict]:
-        if not os.path.isfile(path):
-            return None
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+def measurement(run: "bench_runner.CaseRun") -> Measurement:
+    """A case run's figures (the chief's; peak RSS over all its processes)."""
+    wall = run.ended - run.started
+    if not run.ok:
+        return Measurement(run.case, run.round, ok=False, wall_seconds=wall, log=run.log_path,
+                           error=run.error)
+    return Measurement(run.case, run.round, ok=True, wall_seconds=wall, log=run.log_path,
+                       peak_rss_mb=run.peak_rss_mb, **run.figures())
 
 
 def options_from_args(args) -> Options:
@@ -362,8 +307,8 @@ def check_options(options: Options):
         raise UserError(f"--case_timeout {options.case_timeout}: must be > 0")
 
 
-def schedule(options: Options) -> List[List[Case]]:
-    """The cases of each round, in order; every other round reversed (ABBA)."""
+def selected_cases(options: Options) -> List[Case]:
+    """The cases `--models`, `--quick` and `--cases` ask for, in table order."""
     cases = [case for model in options.models for case in cases_for(model)]
     if options.quick:
         cases = [c for c in cases if c.name in QUICK_CASES[c.model]]
@@ -372,10 +317,17 @@ def schedule(options: Options) -> List[List[Case]]:
         if not cases:
             raise UserError(f"--cases {','.join(options.only)}: matches no case; case names: "
                             f"{'; '.join(c.name for c in cases_for(MODELS[0]))}")
-    rounds = []
-    for r in range(options.rounds):
-        rounds.append(list(cases) if r % 2 == 0 else list(reversed(cases)))
-    return rounds
+    return cases
+
+
+def schedule(options: Options) -> List[List[List[Case]]]:
+    """Each round's groups of cases, in order; every other round all reversed (ABBA)."""
+    groups: Dict[str, List[Case]] = {}
+    for case in selected_cases(options):
+        groups.setdefault(case.group, []).append(case)
+    ordered = list(groups.values())
+    backwards = [list(reversed(g)) for g in reversed(ordered)]
+    return [ordered if r % 2 == 0 else backwards for r in range(options.rounds)]
 
 
 def _median(values):
@@ -417,7 +369,7 @@ class Row:
 def make_rows(options: Options, measurements: List[Measurement]) -> List[Row]:
     settings = QUICK_SETTINGS if options.quick else SETTINGS
     rows = []
-    for case in schedule(options)[0]:
+    for case in selected_cases(options):
         runs = [m for m in measurements if m.case == case]
         rows.append(Row(case, settings[case.model].batch * case.workers, runs))
     return rows
@@ -426,6 +378,8 @@ def make_rows(options: Options, measurements: List[Measurement]) -> List[Row]:
 def target_rows(options: Options, measurements: List[Measurement]) -> List[Dict]:
     """Each target per model: the median over rounds of the ratio measured within a round.
 
+    Within a round, two cases of one group are compared burst by burst (the median
+    of the ratios of adjacent bursts); cases of different groups by their figures.
     `cpu_ratio` is the same comparison in examples per CPU-second of the (chief)
     process: the work each way costs, which other tenants' load moves far less than
     wall time (it is not what a user waits for, so the targets are judged on wall time).
@@ -447,10 +401,7 @@ def target_rows(options: Options, measurements: List[Measurement]) -> List[Dict]
                     continue
                 # Per-worker (scaling) or global batches are equal within every pair.
                 cpu.append(b.cpu_ms_per_step / a.cpu_ms_per_step)
-                if kind == "scaling":
-                    ratios.append(a.examples_per_sec / (2.0 * b.examples_per_sec))
-                else:
-                    ratios.append(a.examples_per_sec / b.examples_per_sec)
+                ratios.append(_rate_ratio(a, b) / (2.0 if kind == "scaling" else 1.0))
             value = _median(ratios)
             met = None if goal is None or value != value else \
                 (value <= goal if kind == "max" else value >= goal)
@@ -459,6 +410,14 @@ def target_rows(options: Options, measurements: List[Measurement]) -> List[Dict]
                         "met": met, "rounds": [round(x, 4) for x in ratios],
                         "cpu_ratio": _median(cpu)})
     return out
+
+
+def _rate_ratio(a: Measurement, b: Measurement) -> float:
+    """a's rate / b's: burst by burst when they ran interleaved, else from their medians."""
+    pairs = list(zip(a.burst_examples_per_sec, b.burst_examples_per_sec))
+    if a.case.group == b.case.group and pairs:
+        return _median([x / y for x, y in pairs])
+    return a.examples_per_sec / b.examples_per_sec
 
 
 def _find(measurements, model, name, round_index) -> Optional[Measurement]:
@@ -583,7 +542,7 @@ def run(options: Options) -> int:
     out = options.output_dir
     work = os.path.join(out, "work")
     shutil.rmtree(work, ignore_errors=True)
-    for sub in ("model_dirs", "results", "specs"):
+    for sub in ("model_dirs", "specs"):
         os.makedirs(os.path.join(work, sub), exist_ok=True)
     shutil.rmtree(os.path.join(out, "logs"), ignore_errors=True)
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
@@ -591,19 +550,28 @@ def run(options: Options) -> int:
     records = 64 if options.quick else REAL_RECORDS_PER_FILE
     cifar_dir = write_cifar_files(os.path.join(work, "cifar10"), records)
     rounds = schedule(options)
-    total = sum(len(r) for r in rounds)
-    say(f"bench: {total} case runs ({len(rounds)} round(s) of {len(rounds[0])}) on "
+    total = sum(len(g) for r in rounds for g in r)
+    say(f"bench: {total} case runs ({len(rounds)} round(s) of {total // len(rounds)}, in "
+        f"{len(rounds[0])} interleaved group(s)) on "
         f"{machine_line()}; logs in {os.path.join(out, 'logs')}")
-    runner = Runner(options, os.path.abspath(work), cifar_dir)
+    runner = bench_runner.Runner(
+        options, settings, os.path.abspath(work), cifar_dir,
+        spec_for=lambda case, model_dir, worker: case_spec(options, settings, cifar_dir, case,
+                                                           model_dir, worker),
+        envs_for=process_envs)
     measurements = []
-    for r, cases in enumerate(rounds):
-        for case in cases:
-            m = runner.run(case, r)
-            measurements.append(m)
-            figure = (f"{m.examples_per_sec:,.1f} examples/sec, first step "
-                      f"{m.first_step_seconds:.1f} s" if m.ok else f"FAILED ({m.error}; see {m.log})")
-            say(f"[{len(measurements)}/{total}] {settings[case.model].title} | {case.name}: "
-                f"{figure} ({m.wall_seconds:.0f} s)")
+    for r, groups in enumerate(rounds):
+        for group in groups:
+            say(f"{group[0].group}: {len(group)} case(s), started one at a time, then "
+                f"{settings[group[0].model].bursts} interleaved bursts")
+            for run_ in runner.run_group(group, r):
+                m = measurement(run_)
+                measurements.append(m)
+                figure = (f"{m.examples_per_sec:,.1f} examples/sec, first step "
+                          f"{m.first_step_seconds:.1f} s" if m.ok else
+                          f"FAILED ({m.error}; see {m.log})")
+                say(f"[{len(measurements)}/{total}] {settings[m.case.model].title} | "
+                    f"{m.case.name}: {figure} ({m.wall_seconds:.0f} s)")
     rows = make_rows(options, measurements)
     targets = target_rows(options, measurements)
     elapsed = time.monotonic() - started
@@ -623,6 +591,7 @@ def run(options: Options) -> int:
                    "machine": subtitle,
                    "runs": [{"case": m.case.key, "round": m.round, "ok": m.ok,
                              "examples_per_sec": m.examples_per_sec,
+                             "burst_examples_per_sec": m.burst_examples_per_sec,
                              "window_examples_per_sec": m.window_examples_per_sec,
                              "first_step_seconds": m.first_step_seconds,
                              "peak_rss_mb": m.peak_rss_mb, "cpu_ms_per_step": m.cpu_ms_per_step,

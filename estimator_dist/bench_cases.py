@@ -1,7 +1,7 @@
-"""The measured cases of `estimator-dist bench`; each runs alone in its own process.
+"""The measured cases of `estimator-dist bench`; each runs in its own process.
 
 A case is given a JSON spec (see bench.py) and trains one model on one kind of
-driver for `warmup + steps` steps:
+driver, in the bursts of steps the bench asks for (bench_runner.py):
 
 - `project`: the `estimator-dist train` command line, run in this process;
 - `plain`: a hand-written `tf.estimator.Estimator` over the same model_fn and
@@ -11,12 +11,11 @@ driver for `warmup + steps` steps:
   architecture, batch, optimizer and strategy.
 
 Every driver marks the end of each step on one clock (an Estimator hook or a
-Keras callback). After the last measured step the case writes its result and
-leaves at once (`os._exit`): what follows training (the final checkpoint,
-evaluation, export) is not what is measured. The result holds the GLOBAL
-examples/sec over the measured steps (the warm-up steps are discarded),
-seconds from the parent's launch of the process to the end of the first step,
-and the process's peak RSS.
+Keras callback), which also holds the process at a gate between bursts. It
+reports the seconds from the bench's launch of the process to the end of the
+first step, each burst's step times and CPU time, and the peak RSS; the bench
+turns them into GLOBAL examples/sec. On "quit" the case leaves at once: what
+follows training (the final checkpoint, evaluation, export) is not measured.
 
 Registering here, on import, the bench's MLP (`bench_mlp`) and the in-memory
 input (`bench_memory`): the project case loads this module with `--import`.
@@ -25,7 +24,6 @@ import json
 import math
 import os
 import resource
-import statistics
 import sys
 import time
 
@@ -42,7 +40,6 @@ MLP_HPARAMS = {"hidden_units": 256, "hidden_layers": 2, "optimizer": "momentum",
                "learning_rate": 0.01, "momentum": 0.9, "lr_schedule": "constant",
                "weight_decay": 0.0}
 TRAIN = tf.estimator.ModeKeys.TRAIN
-PEER_WAIT_SECONDS = 60.0
 
 
 def _memory_example(index):
@@ -115,66 +112,78 @@ def onednn_enabled():
         return None
 
 
-class Clock:
-    """Step-end times on the monotonic clock the parent started the process on."""
+class Gate:
+    """The case's side of the bench's pipes (bench_runner.Channel): commands in, reports out."""
 
-    def __init__(self, spec):
+    def __init__(self, fds):
+        self._commands = os.fdopen(fds[0], "r", encoding="utf-8")
+        self._reports = fds[1]
+
+    def report(self, message):
+        os.write(self._reports, (json.dumps(message) + "\n").encode())
+
+    def command(self) -> str:
+        """The next command; "quit" also when the bench has gone (end of file)."""
+        return self._commands.readline().strip() or "quit"
+
+
+class Clock:
+    """Step ends on the monotonic clock the bench launched the process on; past the warm-up,
+    steps run only in the bursts the bench asks for.
+
+    After the warm-up the process reports "ready" and waits at the gate; "run K" lets
+    K steps through and reports their times: the K - 1 gaps between their ends (the
+    first step of a burst, which wakes an idle process up, is not measured) and the
+    process CPU time over the burst. "quit" leaves at once (`os._exit`): the final
+    checkpoint, evaluation and export are not what is measured.
+    """
+
+    def __init__(self, spec, gate: Gate):
         self.spec = spec
-        self.times = []
-        self.cpu = []
-        self.total = spec["warmup"] + spec["steps"]
+        self.gate = gate
+        self.count = 0
+        self.first_step_seconds = float("nan")
+        self.left = 0
+        self.ends = []
+        self.cpu_start = 0.0
 
     def step_done(self):
-        self.times.append(time.monotonic())
-        self.cpu.append(time.process_time())
-        if len(self.times) == self.total:
-            self.finish()
+        now = time.monotonic()
+        self.count += 1
+        if self.count == 1:
+            self.first_step_seconds = now - self.spec["t0"]
+        if self.left:
+            self.ends.append(now)
+            self.left -= 1
+            if self.left:
+                return
+            self.gate.report(self.burst_report(time.process_time()))
+        elif self.count < self.spec["warmup"]:
+            return
+        else:
+            self.gate.report({"event": "ready", "first_step_seconds": self.first_step_seconds,
+                              "onednn": onednn_enabled(), "rss_mb": peak_rss_mb()})
+        self.wait()
 
-    def result(self):
-        warm = self.spec["warmup"]
-        window = self.times[-1] - self.times[warm - 1] if warm else self.times[-1] - self.times[0]
-        steps = self.spec["steps"] if warm else self.spec["steps"] - 1
-        cpu = self.cpu[-1] - self.cpu[warm - 1] if warm else self.cpu[-1] - self.cpu[0]
-        step_seconds = [b - a for a, b in zip(self.times[warm:], self.times[warm + 1:])]
-        if warm:
-            step_seconds.insert(0, self.times[warm] - self.times[warm - 1])
-        return {
-            # Steady state: the median step, which a burst of another process's load on a
-            # shared machine moves far less than it moves the mean over the window.
-            "examples_per_sec": self.spec["global_batch"] / max(statistics.median(step_seconds), 1e-9),
-            # Every measured step counted, periodic work (summaries, logging) included.
-            "window_examples_per_sec": steps * self.spec["global_batch"] / max(window, 1e-9),
-            # Process CPU time (all threads) per step: the work done, little moved by
-            # other processes' load, unlike wall time.
-            "cpu_ms_per_step": 1000.0 * cpu / max(steps, 1),
-            "first_step_seconds": self.times[0] - self.spec["t0"],
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-            "step_seconds": step_seconds,
-            "onednn": onednn_enabled(),
-        }
+    def burst_report(self, cpu_end: float):
+        return {"event": "burst", "steps": len(self.ends),
+                "step_seconds": [b - a for a, b in zip(self.ends, self.ends[1:])],
+                "cpu_seconds": cpu_end - self.cpu_start, "rss_mb": peak_rss_mb()}
 
-    def finish(self):
-        path = self.spec["result"]
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(self.result(), f)
-        os.replace(path + ".tmp", path)
-        self._wait_for_peers()
+    def wait(self):
+        command = self.gate.command()
+        if command.startswith("run "):
+            self.left = int(command.split()[1])
+            self.ends = []
+            self.cpu_start = time.process_time()
+            return
         sys.stdout.flush()
         sys.stderr.flush()
-        # Leave now: the final checkpoint, evaluation and export are not measured.
         os._exit(0)
 
 
-    def _wait_for_peers(self):
-        """Leave only once every process of a multi-process case has measured all its steps.
-
-        A Horovod rank's background loop talks to rank 0 even between steps, so a rank
-        whose peer left at once fails before it can write its own result.
-        """
-        deadline = time.monotonic() + PEER_WAIT_SECONDS
-        while time.monotonic() < deadline and \
-                not all(os.path.isfile(p) for p in self.spec.get("peer_results", ())):
-            time.sleep(0.05)
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 class ClockHook(tf.compat.v1.train.SessionRunHook):
@@ -326,7 +335,8 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0], encoding="utf-8") as f:
         spec = json.load(f)
-    clock = Clock(spec)
+    clock = Clock(spec, Gate(spec["control_fds"]))
     code = RUNNERS[spec["driver"]](spec, clock)
-    print(f"bench case ended after {len(clock.times)} of {clock.total} steps", file=sys.stderr)
+    print(f"bench case: training ended after {clock.count} steps, before the bench's quit",
+          file=sys.stderr)
     return code or 1

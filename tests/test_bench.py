@@ -20,22 +20,32 @@ def measurement(model, name, round_index, rate, first=10.0):
                              first_step_seconds=first, peak_rss_mb=500.0, cpu_ms_per_step=1.0)
 
 
-def test_rounds_alternate_order_and_every_target_names_real_cases(monkeypatch):
+def test_rounds_alternate_order_and_every_target_compares_cases_of_one_group(monkeypatch):
     monkeypatch.setattr(bench, "horovod_installed", lambda: True)
     rounds = bench.schedule(bench.Options(rounds=3))
-    assert rounds[1] == list(reversed(rounds[0])) and rounds[2] == rounds[0]
-    names = {model: {c.name for c in bench.cases_for(model)} for model in bench.MODELS}
-    for _, numerator, denominator, _, _ in bench.TARGETS:
-        assert any({numerator, denominator} <= cases for cases in names.values())
+    flat = [[case for group in groups for case in group] for groups in rounds]
+    assert flat[1] == list(reversed(flat[0])) and rounds[2] == rounds[0]
+    assert sorted(flat[0], key=str) == sorted(bench.selected_cases(bench.Options()), key=str)
+    for groups in rounds:
+        assert all(len({c.group for c in group}) == 1 for group in groups)
+    names = {model: {c.name: c for c in bench.cases_for(model)} for model in bench.MODELS}
+    for _, numerator, denominator, _, goal in bench.TARGETS:
+        pairs = [(cases[numerator], cases[denominator]) for cases in names.values()
+                 if numerator in cases and denominator in cases]
+        assert pairs
+        if goal is not None:  # every target with a goal is measured interleaved
+            assert all(a.group == b.group for a, b in pairs)
     for model, wanted in bench.QUICK_CASES.items():
-        assert set(wanted) <= names[model]
-    assert "project none N=1 bfloat16" in names["mlp"] - names["cifar"]  # cifar: v1 layers
+        assert set(wanted) <= set(names[model])
+    assert "project none N=1 bfloat16" in set(names["mlp"]) - set(names["cifar"])  # v1 layers
+    horovod = [c for c in names["mlp"].values() if c.strategy == "horovod"]
+    assert len({c.group for c in horovod}) == 2  # each alone: idle ranks keep polling
 
 
 def test_quick_runs_a_subset_and_cases_filters():
-    quick = bench.schedule(bench.Options(quick=True))[0]
-    assert 0 < len(quick) < len(bench.schedule(bench.Options())[0])
-    only = bench.schedule(bench.Options(models=("mlp",), only=("keras",)))[0]
+    quick = bench.selected_cases(bench.Options(quick=True))
+    assert 0 < len(quick) < len(bench.selected_cases(bench.Options()))
+    only = bench.selected_cases(bench.Options(models=("mlp",), only=("keras",)))
     assert {c.driver for c in only} == {"keras"} and {c.model for c in only} == {"mlp"}
 
 
@@ -56,6 +66,18 @@ def test_ratios_are_taken_within_each_round_then_the_median():
     scaling = targets["2-worker scaling efficiency (MWMS, 1 core each)"]
     assert math.isclose(scaling["ratio"], 0.9) and scaling["met"]
     assert targets["project none / Keras fit, N=1"]["met"] is None  # keras did not run
+
+
+def test_interleaved_cases_are_compared_burst_by_burst():
+    # The machine slows down 2x in bursts 3-4: the median of the whole runs would give
+    # 120 / 100, the burst-by-burst ratio stays 0.9.
+    a = measurement("mlp", "project none N=1", 0, 120.0)
+    b = measurement("mlp", "plain none N=1", 0, 100.0)
+    a.burst_examples_per_sec = [90.0, 90.0, 45.0, 45.0, 90.0]
+    b.burst_examples_per_sec = [100.0, 100.0, 50.0, 50.0, 100.0]
+    t = next(t for t in bench.target_rows(bench.Options(models=("mlp",)), [a, b])
+             if t["target"] == "project none / plain Estimator, N=1")
+    assert math.isclose(t["ratio"], 0.9) and not t["met"]
 
 
 @pytest.mark.parametrize("options, message", [
@@ -85,7 +107,7 @@ def test_quick_bench_writes_table_csv_and_png(tmp_path):
                            "--output_dir", str(out)],
                           capture_output=True, text=True, cwd=REPO, timeout=380)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    expected = {(c.model, c.name) for c in bench.schedule(bench.Options(quick=True))[0]}
+    expected = {(c.model, c.name) for c in bench.selected_cases(bench.Options(quick=True))}
     for model, name in expected:
         assert name in proc.stdout
     assert "examples/sec" in proc.stdout and "target" in proc.stdout
@@ -107,7 +129,10 @@ def test_quick_bench_writes_table_csv_and_png(tmp_path):
     assert float(scaling["ratio"]) > 0
 
     with open(out / "bench.json") as f:
-        assert all(run["ok"] for run in json.load(f)["runs"])
+        runs = json.load(f)["runs"]
+    assert all(run["ok"] for run in runs)
+    assert all(len(run["burst_examples_per_sec"]) == bench.QUICK_SETTINGS["mlp"].bursts
+               for run in runs if run["case"].startswith("mlp:"))
 
     png = (out / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
@@ -118,16 +143,83 @@ def test_quick_bench_writes_table_csv_and_png(tmp_path):
     assert not (out / "work").exists()  # model dirs and data are cleaned up
 
 
-def test_steady_state_rate_is_the_median_step_and_the_window_mean_is_kept():
+class GateClosed(Exception):
+    pass
+
+
+class FakeGate:
+    """Gives the commands, then raises GateClosed instead of letting the clock leave."""
+
+    def __init__(self, commands):
+        self.commands = list(commands)
+        self.reports = []
+
+    def report(self, message):
+        self.reports.append(message)
+
+    def command(self):
+        if not self.commands:
+            raise GateClosed
+        return self.commands.pop(0)
+
+
+def test_clock_reports_ready_after_warmup_then_bursts_without_their_first_step(monkeypatch):
     from estimator_dist import bench_cases
 
-    clock = bench_cases.Clock({"warmup": 2, "steps": 5, "global_batch": 100, "t0": 0.0,
-                               "result": ""})
-    # Warm-up ends at t=3; five measured steps of 1 s, one of them 11 s (another tenant's burst).
-    clock.times = [2.0, 3.0, 4.0, 5.0, 16.0, 17.0, 18.0]
-    clock.cpu = [0.0] * len(clock.times)
-    result = clock.result()
-    assert result["step_seconds"] == [1.0, 1.0, 11.0, 1.0, 1.0]
-    assert math.isclose(result["examples_per_sec"], 100.0)
-    assert math.isclose(result["window_examples_per_sec"], 5 * 100 / 15.0)
-    assert math.isclose(result["first_step_seconds"], 2.0)
+    now = [0.0]
+    monkeypatch.setattr(bench_cases.time, "monotonic", lambda: now[0])
+    gate = FakeGate(["run 4", "run 4"])
+    clock = bench_cases.Clock({"warmup": 2, "t0": 0.5}, gate)
+    for t in (2.0, 3.0, 10.0, 11.0, 12.0, 23.0, 50.0, 51.0, 52.0):  # 2 + 4 + 3 steps
+        now[0] = t
+        clock.step_done()
+    now[0] = 53.0
+    with pytest.raises(GateClosed):  # the second burst ends: the clock asks what next
+        clock.step_done()
+    ready, first, second = gate.reports
+    assert ready["event"] == "ready" and ready["first_step_seconds"] == 1.5
+    # A burst's first step (after the wait at the gate) is not measured; another tenant's
+    # 11-second stall is kept (the median ignores it, the window mean does not).
+    assert first["step_seconds"] == [1.0, 1.0, 11.0] and first["steps"] == 4
+    assert second["step_seconds"] == [1.0, 1.0, 1.0]
+    assert not gate.commands
+
+
+def test_case_run_figures_are_the_median_step_and_the_window_mean():
+    from estimator_dist import bench_runner
+
+    case = bench.cases_for("mlp")[0]
+    run = bench_runner.CaseRun(case, 0, "log", global_batch=100)
+    run.ready = {"first_step_seconds": 2.0, "onednn": True}
+    run.bursts = [{"steps": 3, "step_seconds": [1.0, 1.0], "cpu_seconds": 6.0},
+                  {"steps": 3, "step_seconds": [11.0, 1.0], "cpu_seconds": 3.0}]
+    figures = run.figures()
+    assert math.isclose(figures["examples_per_sec"], 100.0)
+    assert math.isclose(figures["window_examples_per_sec"], 4 * 100 / 14.0)
+    assert figures["burst_examples_per_sec"] == [100.0, 100.0 / 6.0]
+    assert math.isclose(figures["cpu_ms_per_step"], 1500.0)
+    assert figures["first_step_seconds"] == 2.0
+
+
+def test_a_case_that_dies_fails_alone_and_its_group_goes_on(tmp_path):
+    from estimator_dist import bench_runner
+
+    options = bench.Options(output_dir=str(tmp_path), quick=True, case_timeout=120)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "specs").mkdir()
+    settings = bench.QUICK_SETTINGS
+    good, bad = [c for c in bench.cases_for("mlp") if c.name in ("plain none N=1",
+                                                                 "project none N=1")]
+
+    def spec_for(case, model_dir, worker):
+        spec = bench.case_spec(options, settings, "", case, model_dir, worker)
+        return dict(spec, model="no_such_model") if case is bad else spec
+
+    runner = bench_runner.Runner(options, settings, str(tmp_path), "", spec_for,
+                                 bench.process_envs)
+    runs = runner.run_group([bad, good], 0)
+    failed, fine = runs
+    assert not failed.ok and "before the end of its warm-up" in failed.error
+    assert "no_such_model" in open(failed.log_path).read()
+    assert fine.ok and len(fine.bursts) == settings["mlp"].bursts
+    assert all(p.poll() is not None for run in runs for p in run.procs)

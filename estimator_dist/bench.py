@@ -92,7 +92,7 @@ class Case:
     workers: int = 1
     real_input: bool = False
     tf_defaults: bool = False  # TensorFlow's own environment defaults, not the CLI's (oneDNN)
-    compute: str = ""  # "jit" or "bfloat16": the project's --jit / --mixed_precision bfloat16
+    compute: str = ""  # a key of COMPUTE_FLAGS: more flags of the project case
 
     @property
     def name(self) -> str:
@@ -125,7 +125,8 @@ def cases_for(model: str) -> List[Case]:
     c = lambda driver, strategy="none", n=1, **kw: Case(model, driver, strategy, n, **kw)  # noqa: E731
     return [
         c("plain", tf_defaults=True), c("plain"), c("project"), c("keras"),
-        c("project", real_input=True), c("project", compute="jit"),
+        c("project", real_input=True), c("project", real_input=True, compute="reader_nice0"),
+        c("project", compute="jit"),
     ] + ([c("project", compute="bfloat16")] if model == "mlp" else []) + [
         c("project", "tower"), c("project", "mirrored"), c("project", "central_storage"),
         c("plain", "mirrored", 2), c("project", "mirrored", 2), c("keras", "mirrored", 2),
@@ -135,7 +136,8 @@ def cases_for(model: str) -> List[Case]:
          if horovod_installed() else [])
 
 
-COMPUTE_FLAGS = {"": (), "jit": ("--jit",), "bfloat16": ("--mixed_precision", "bfloat16")}
+COMPUTE_FLAGS = {"": (), "jit": ("--jit",), "bfloat16": ("--mixed_precision", "bfloat16"),
+                 "reader_nice0": ("--reader_nice", "0")}
 
 # --quick: every driver and code path once, at tiny sizes.
 QUICK_CASES = {
@@ -166,6 +168,8 @@ TARGETS = [
     ("2-worker scaling efficiency (MWMS, 1 core each)",
      "project multi_worker_mirrored 2 worker(s) x 1 core",
      "project multi_worker_mirrored 1 worker(s) x 1 core", "scaling", 0.90),
+    ("real input: reader at nice 10 (default) / at nice 0", "project none N=1 real input",
+     "project none N=1 real input reader_nice0", "min", None),
     ("XLA --jit / without, N=1", "project none N=1 jit", "project none N=1", "min", None),
     ("--mixed_precision bfloat16 / float32, N=1", "project none N=1 bfloat16", "project none N=1",
      "min", None),

@@ -18,6 +18,7 @@ CONFIG_FILE = "config.yaml"
 EXPORT_MODES = ("latest", "best", "final", "none")
 VARIABLE_DEVICES = ("cpu", "device0")
 MIXED_PRECISION = ("none", "bfloat16")
+MAX_READER_NICE = 19
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class DataConfig:
     data_path: str = ""
     label_column: str = ""
     synthetic: bool = False
+    reader_nice: int = 10  # reader_priority.DEFAULT_NICE
 
 
 @dataclass(frozen=True)
@@ -274,6 +276,9 @@ def validate(config: Config):
     if d.accumulate_steps < 1:
         raise UserError(f"--accumulate_steps {d.accumulate_steps}: must be >= 1 "
                         f"(1 = apply every batch)")
+    if not 0 <= config.data.reader_nice <= MAX_READER_NICE:
+        raise UserError(f"--reader_nice {config.data.reader_nice}: must be 0-{MAX_READER_NICE} "
+                        f"(0 keeps the input pipeline at the training step's priority)")
     if config.compute.mixed_precision not in MIXED_PRECISION:
         raise UserError(f"--mixed_precision {config.compute.mixed_precision}: must be "
                         f"{' or '.join(MIXED_PRECISION)}")

@@ -113,7 +113,8 @@ def default_model_dir(config) -> str:
 def input_params(config, per_replica_batch) -> Dict[str, Any]:
     return {**config.hparams, "batch_size": per_replica_batch, "data_dir": config.data.data_dir,
             "data_path": config.data.data_path, "label_column": config.data.label_column,
-            "synthetic": config.data.synthetic, "train_steps": config.train.train_steps,
+            "synthetic": config.data.synthetic, "reader_nice": config.data.reader_nice,
+            "train_steps": config.train.train_steps,
             "seed": config.train.seed if config.train.seed >= 0 else None}
 
 

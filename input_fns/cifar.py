@@ -2,6 +2,7 @@
 import hashlib
 import http.client
 import os
+import random
 import shutil
 import tarfile
 import tempfile
@@ -12,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_dist import devices as devices_lib
+from estimator_dist import reader_priority
 from estimator_dist.errors import UserError
 from estimator_dist.registry import register_input
 
@@ -34,8 +36,9 @@ _FETCH_ERRORS = (OSError, ValueError, EOFError, tarfile.TarError, zlib.error,
                  http.client.HTTPException)
 SERVING_FEATURES = {"image": [[HEIGHT, WIDTH, CHANNELS], "float32"]}
 
-SHUFFLE_BUFFER = 10000
 DECODE_CHUNK = 1000
+WHOLE_SPLIT = 1 << 30  # a batch size larger than any split: the whole split as one element
+EPOCHS = 1 << 40
 PAD = 4
 SYNTHETIC_TRAIN_EXAMPLES = 1024
 SYNTHETIC_EVAL_EXAMPLES = 256
@@ -279,8 +282,8 @@ def shifted_crops(images, dy, dx, flip):
 def cifar_input(mode, params, input_context=None):
     """CIFAR-10 as ({"image": float32 [B,32,32,3]}, int32 [B]); batch_size is per pipeline.
 
-    Training decodes each record once, keeps the decoded pixels in memory (cache():
-    the training set is 154 MB of uint8) and reshuffles and augments them every
+    Training decodes the split (this pipeline's shard) once into memory (154 MB of
+    uint8 for the whole training set) and draws batches from a new permutation every
     epoch; eval reads the test set once, in file order.
     """
     training = mode == tf.estimator.ModeKeys.TRAIN
@@ -289,24 +292,57 @@ def cifar_input(mode, params, input_context=None):
         raise UserError(f"batch_size {batch_size} must be > 0; fix it with --set batch_size=128")
     ds = examples(params, training, input_context)
     if training:
-        ds = ds.cache()
-        ds = ds.shuffle(SHUFFLE_BUFFER, seed=params.get("seed"), reshuffle_each_iteration=True)
-        ds = ds.repeat()
-    # Training batches are all full after repeat(); dropping the (never reached)
-    # remainder gives a static batch dimension. Eval keeps every example.
-    ds = ds.batch(batch_size, drop_remainder=training)
+        ds = shuffled_batches(ds, batch_size, params.get("seed"))
+    else:
+        ds = ds.batch(batch_size)  # eval keeps the last, partial batch
+    # Training batches all have batch_size examples: a static batch dimension.
     static = batch_size if training else None
 
-    def augment_and_standardize(images, labels):
+    def augment_and_standardize(*batch):
+        images, labels = gather_batch(*batch) if training else batch
         features, labels = preprocess(images, labels, training)
         features["image"].set_shape([static, HEIGHT, WIDTH, CHANNELS])
         labels.set_shape([static])
         return features, labels
 
-    # Augmenting whole batches costs a fraction of doing it per image (README
-    # "Performance"); parallel calls and prefetch keep it off the training step.
-    ds = ds.map(augment_and_standardize, num_parallel_calls=tf.data.AUTOTUNE)
+    # Whole batches at a time cost a fraction of per-image work (README "Performance");
+    # parallel calls and prefetch keep it off the training step, the reader's priority
+    # keeps it from slowing the step down (reader_priority.py).
+    nice = int(params.get("reader_nice", reader_priority.DEFAULT_NICE))
+    ds = ds.map(reader_priority.lowered(augment_and_standardize, nice),
+                num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(pipeline_options())
+
+
+def gather_batch(index, images, labels):
+    """The examples at `index` of the split: one element of shuffled_batches."""
+    return tf.gather(images, index), tf.gather(labels, index)
+
+
+def shuffled_batches(examples_ds, batch_size, seed=None):
+    """Endless (indices [batch_size], all images, all labels) of a split held in memory.
+
+    The split is decoded once, into one tensor; each epoch is a new permutation of
+    its indices (a full shuffle, not a buffer's), and a batch may span two epochs.
+    The pixels are gathered by the caller's map function, on the reader's threads:
+    the thread that assembles these elements only moves indices.
+    """
+    base = random.SystemRandom().randrange(1 << 31) if seed is None else int(seed)
+
+    def epochs(images, labels):
+        n = tf.shape(labels, out_type=tf.int64)[0]
+
+        def permutation(epoch):
+            return tf.random.experimental.stateless_shuffle(
+                tf.range(n), seed=tf.stack([tf.constant(base, tf.int64), epoch]))
+
+        def with_split(index):
+            return index, images, labels
+
+        order = tf.data.Dataset.range(EPOCHS).map(permutation).unbatch()
+        return order.batch(batch_size, drop_remainder=True).map(with_split)
+
+    return examples_ds.batch(WHOLE_SPLIT).flat_map(epochs)
 
 
 def pipeline_options() -> tf.data.Options:
@@ -320,4 +356,7 @@ def pipeline_options() -> tf.data.Options:
     options = tf.data.Options()
     options.threading.private_threadpool_size = max(1, devices_lib.available_cores() // 2)
     options.threading.max_intra_op_parallelism = 1
+    # Fused into one op, the synthetic examples' map and the batch of the whole split
+    # (shuffled_batches) would allocate WHOLE_SPLIT examples up front.
+    options.experimental_optimization.map_and_batch_fusion = False
     return options

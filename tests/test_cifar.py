@@ -466,3 +466,12 @@ def test_training_from_the_binary_files_is_quiet_by_default(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.strip() == "", proc.stderr[-2000:]
     assert "done: step 2" in proc.stdout
+
+
+def test_an_empty_training_shard_ends_instead_of_spinning(tmp_path):
+    write_cifar_files(tmp_path)
+    # 100 training records over 200 pipelines: pipeline 150 has none. Endless epochs of
+    # nothing would never return; the whole split batched into one element is no element.
+    ctx = tf.distribute.InputContext(num_input_pipelines=200, input_pipeline_id=150)
+    ds = cifar.cifar_input(TRAIN, params_for(tmp_path), input_context=ctx)
+    assert list(ds.take(1)) == []

@@ -81,6 +81,8 @@ def test_bad_yaml_names_file_and_line(tmp_path):
     ({"train_steps": -1}, "--train_steps -1: must be > 0"),
     ({"export": "all"}, "--export all: must be one of latest, best, final, none"),
     ({"eval_every": 100, "save_checkpoints_steps": 50}, "--eval_every 100 and --save_checkpoints_steps 50 differ"),
+    ({"reader_nice": 20}, "--reader_nice 20: must be 0-19"),
+    ({"reader_nice": -1}, "--reader_nice -1: must be 0-19"),
 ])
 def test_validate(flags, message):
     with pytest.raises(UserError) as e:

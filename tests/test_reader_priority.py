@@ -1,0 +1,54 @@
+"""reader_priority: the input pipeline's threads, and only they, get the lower priority."""
+import os
+import threading
+
+import pytest
+import tensorflow as tf
+
+from estimator_dist import reader_priority
+
+pytestmark = pytest.mark.skipif(not reader_priority.supported(), reason="Linux only")
+
+
+def thread_nices():
+    """{thread id: nice value} of every thread of this process."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                out[int(tid)] = int(f.read().rsplit(")", 1)[1].split()[16])
+        except FileNotFoundError:
+            pass  # the thread ended meanwhile (an iterator's threads end with it)
+    return out
+
+
+def pipeline(fn, pool_threads=1):
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = pool_threads
+    options.threading.max_intra_op_parallelism = 1
+    ds = tf.data.Dataset.range(64).batch(8).map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(2).with_options(options)
+
+
+def test_the_map_runs_on_reniced_threads_and_the_caller_keeps_its_priority():
+    seen = {}
+
+    def where(x):
+        tid = threading.get_native_id()
+        seen[tid] = os.getpriority(os.PRIO_PROCESS, tid)
+        return x
+
+    def fn(batch):
+        return tf.numpy_function(where, [batch * 2], tf.int64)
+
+    values = [v.tolist() for v in pipeline(reader_priority.lowered(fn, 7)).as_numpy_iterator()]
+    assert values[0] == [0, 2, 4, 6, 8, 10, 12, 14] and len(values) == 8  # fn still applies
+    assert seen and set(seen.values()) == {7}  # every call ran at nice 7
+    main = threading.get_native_id()
+    assert main not in seen and thread_nices()[main] == 0
+    assert sum(nice == 7 for nice in thread_nices().values()) <= 1  # the pool's one thread
+
+
+def test_nice_zero_leaves_the_function_alone():
+    fn = lambda x: x  # noqa: E731
+    assert reader_priority.lowered(fn, 0) is fn

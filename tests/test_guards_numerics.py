@@ -70,3 +70,31 @@ def test_cli_exit_code_and_resume_from_the_last_good_checkpoint(tmp_path, capsys
     assert main(fixed) == 0
     out = capsys.readouterr().out
     assert "resuming from the checkpoint at step 5" in out and "done: step 12" in out
+
+
+def test_guard_passes_finite_gradients_unchanged_and_names_the_bad_one():
+    from estimator_dist import numerics
+
+    with tf.Graph().as_default():
+        a = tf.compat.v1.get_variable("a", [3])
+        b = tf.compat.v1.get_variable("b", [2, 2])
+        e = tf.compat.v1.get_variable("e", [5, 2])
+        grad_a = tf.compat.v1.placeholder(tf.float32, [3])
+        grad_b = tf.compat.v1.placeholder(tf.float32, [2, 2])
+        sparse = tf.IndexedSlices(tf.constant([[1.0, 2.0]]), tf.constant([3]), tf.constant([5, 2]))
+        out = numerics.guard(tf.constant(1.0), [(grad_a, a), (None, e), (grad_b, b), (sparse, e)])
+        assert [v for _, v in out] == [a, e, b, e] and out[1][0] is None
+        assert isinstance(out[3][0], tf.IndexedSlices)
+        fetch = [out[0][0], out[2][0], out[3][0].values, out[3][0].indices]
+        with tf.compat.v1.Session() as session:
+            finite = {grad_a: np.float32([1.0, -2.0, 3.5]),
+                      grad_b: np.float32([[0.0, 1e30], [-1e30, 7.0]])}
+            got = session.run(fetch, finite)
+            np.testing.assert_array_equal(got[0], finite[grad_a])
+            np.testing.assert_array_equal(got[1], finite[grad_b])
+            np.testing.assert_array_equal(got[2], [[1.0, 2.0]])
+            np.testing.assert_array_equal(got[3], [3])
+            with pytest.raises(tf.errors.InvalidArgumentError) as info:
+                session.run(fetch, {grad_a: [1.0, 2.0, 3.0], grad_b: [[0.0, np.inf], [1.0, 2.0]]})
+    error = numerics.non_finite_error(info.value, 7, None, "m")
+    assert "the gradient of 'b' is Inf" in str(error) and "at step 7" in str(error)

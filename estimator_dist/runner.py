@@ -463,6 +463,12 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
     note = precision.cpu_note(config.compute.mixed_precision)
     if note:
         say(note)
+    # The evaluator runs without a strategy: MultiWorkerMirrored cannot be copied
+    # into the evaluator's RunConfig and evaluation needs no replicas. Made before any
+    # model graph is built: MultiWorkerMirrored must configure the collective ops before
+    # TensorFlow's context starts, and building a graph with tf.cond (cond_v2) starts it.
+    strategy = None if p.role == "evaluator" else strategies.make(config.distribute.strategy,
+                                                                 p.devices)
     if p.writes_run_files:  # before anything is written: refuse a damaged or mismatched checkpoint
         guards.check_resume(p.model_dir, build_model_fn(p),
                             make_input_fn(p, tf.estimator.ModeKeys.TRAIN), p.params(), say=out)
@@ -472,10 +478,6 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
     if p.writes_run_files:
         save_run_files(p)
         evaluator_lib.clear_end(p.model_dir)
-    # The evaluator runs without a strategy: MultiWorkerMirrored cannot be copied
-    # into the evaluator's RunConfig and evaluation needs no replicas.
-    strategy = None if p.role == "evaluator" else strategies.make(config.distribute.strategy,
-                                                                 p.devices)
     # A Horovod rank > 0 gets every variable from rank 0: no warm start of its own.
     warm_start = warm_start_settings(p) if p.writes_run_files or not p.ranks else None
     if warm_start and start_step is None and p.writes_run_files:

@@ -178,11 +178,10 @@ class Runner:
     def run_group(self, cases, round_index: int) -> List[CaseRun]:
         """Start each case in turn (the others idle at their gates), then the bursts."""
         runs = [self._start(case, round_index) for case in cases]
-        bursts = max(self.settings[c.model].bursts for c in cases)
-        for b in range(bursts):
+        for b in range(self.settings[cases[0].model].bursts):  # a group is one model's
             order = runs if b % 2 == 0 else list(reversed(runs))
             for run in order:
-                if run.ok and len(run.bursts) < self.settings[run.case.model].bursts:
+                if run.ok:
                     self._burst(run)
         for run in runs:
             if run.ok:

@@ -168,7 +168,7 @@ TARGETS = [
     ("2-worker scaling efficiency (MWMS, 1 core each)",
      "project multi_worker_mirrored 2 worker(s) x 1 core",
      "project multi_worker_mirrored 1 worker(s) x 1 core", "scaling", 0.90),
-    ("real input: reader at nice 10 (default) / at nice 0", "project none N=1 real input",
+    ("real input: reader at nice 19 (default) / at nice 0", "project none N=1 real input",
      "project none N=1 real input reader_nice0", "min", None),
     ("XLA --jit / without, N=1", "project none N=1 jit", "project none N=1", "min", None),
     ("--mixed_precision bfloat16 / float32, N=1", "project none N=1 bfloat16", "project none N=1",

@@ -12,9 +12,10 @@ TRAIN_FLAGS = {
     "data_path": (str, "a data file, e.g. the CSV for --model tabular"),
     "label_column": (str, "the label column of --data_path"),
     "synthetic": (bool, "use generated in-memory data of the right shapes"),
-    "reader_nice": (int, "0-19: nice value of the input pipeline's threads (Linux; built-in "
-                         "cifar input), so that on a CPU the reader uses cores the training "
-                         "step leaves idle; 0 = the step's priority (default 10)"),
+    "reader_nice": (int, "0-19: nice value of the input pipeline's threads, which run under "
+                         "SCHED_BATCH (Linux; built-in cifar input), so that on a CPU the "
+                         "reader uses cores the training step leaves idle; 0 = the step's "
+                         "priority (default 19)"),
     "strategy": (str, "none | one_device | mirrored | central_storage | tower | "
                       "multi_worker_mirrored | parameter_server | horovod (default none); tower: "
                       "one model replica per device over one set of variables, any batch size; "

@@ -30,7 +30,7 @@ class DataConfig:
     data_path: str = ""
     label_column: str = ""
     synthetic: bool = False
-    reader_nice: int = 10  # reader_priority.DEFAULT_NICE
+    reader_nice: int = 19  # reader_priority.DEFAULT_NICE
 
 
 @dataclass(frozen=True)

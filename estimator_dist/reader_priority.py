@@ -2,15 +2,19 @@
 
 On a CPU-only machine the reader and the step share the cores. A reader thread that
 wakes up in the middle of a step takes a core from one of the step's op shards,
-and the whole op waits for that shard. With a higher nice value the kernel runs
-the reader mostly when a core would otherwise idle (between ops, while Python
-runs the hooks), and the step keeps its cores (README "Performance").
+and the whole op waits for that shard. So the reader's threads run under
+SCHED_BATCH, which never preempts a running thread when it wakes up, at a high
+nice value, which gives it a small share of a busy core: the kernel runs the
+reader mostly when a core would otherwise idle (between ops, while Python runs
+the hooks), and the step keeps its cores (README "Performance"). A higher nice
+value alone (SCHED_OTHER) still lets the waking reader preempt the step.
 
-Niceness, not SCHED_IDLE: a reader that only ever ran on idle cores could be
-starved by other processes while the step waits for it; a niced thread still gets
-its (small) share. The value only ever goes up: an unprivileged process cannot
-lower it again, so the threads must be the reader's own (a tf.data private
-threadpool, `tf.data.Options().threading.private_threadpool_size`).
+Not SCHED_IDLE: a reader that only ever ran on idle cores could be starved by
+other processes while the step waits for it (and, holding the GIL, stall the
+training loop's Python); a niced thread still gets its share, and an
+unprivileged thread cannot leave SCHED_IDLE again. The nice value only goes up
+(an unprivileged process cannot lower it), so the threads must be the reader's
+own (a tf.data private threadpool, `tf.data.Options().threading.private_threadpool_size`).
 """
 import os
 import sys
@@ -19,28 +23,43 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-DEFAULT_NICE = 10  # config.DataConfig.reader_nice
+DEFAULT_NICE = 19  # config.DataConfig.reader_nice
 
 
 def supported() -> bool:
-    """Linux: setpriority on a thread id changes that thread only."""
-    return sys.platform.startswith("linux") and hasattr(os, "setpriority")
+    """Linux: setpriority and sched_setscheduler on a thread id change that thread only."""
+    return sys.platform.startswith("linux") and hasattr(os, "setpriority") \
+        and hasattr(os, "SCHED_BATCH")
 
 
-def _renice_this_thread(nice: int) -> np.int32:
-    # Asked every time (one cheap syscall), not remembered per thread id: Linux reuses
+def lower_this_thread(nice: int):
+    """Put the calling thread under SCHED_BATCH at nice value `nice` (Linux; elsewhere, or
+    at 0, nothing).
+
+    For a function that already runs in the reader's threads, e.g. a tf.numpy_function
+    of a Dataset.map: cheaper than wrapping it with `lowered`.
+    """
+    if nice <= 0 or not supported():
+        return
+    # Asked every time (two cheap syscalls), not remembered per thread id: Linux reuses
     # the ids of threads that have ended.
     tid = threading.get_native_id()
     try:
+        if os.sched_getscheduler(tid) == os.SCHED_OTHER:
+            os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
         if os.getpriority(os.PRIO_PROCESS, tid) < nice:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
     except OSError:
         pass  # e.g. a seccomp profile forbids it: the reader keeps its priority
+
+
+def _renice_this_thread(nice: int) -> np.int32:
+    lower_this_thread(nice)
     return np.int32(0)
 
 
 def lowered(fn, nice: int):
-    """`fn` for Dataset.map that first raises its thread's nice value to `nice`.
+    """`fn` for Dataset.map that first lowers its thread's priority (lower_this_thread).
 
     Costs one small Python call per element: map whole batches, not single examples.
     With nice 0, or off Linux, `fn` itself.

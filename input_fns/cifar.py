@@ -16,6 +16,7 @@ from estimator_dist import devices as devices_lib
 from estimator_dist import reader_priority
 from estimator_dist.errors import UserError
 from estimator_dist.registry import register_input
+from input_fns import cifar_split
 
 HEIGHT = WIDTH = 32
 CHANNELS = 3
@@ -37,9 +38,7 @@ _FETCH_ERRORS = (OSError, ValueError, EOFError, tarfile.TarError, zlib.error,
 SERVING_FEATURES = {"image": [[HEIGHT, WIDTH, CHANNELS], "float32"]}
 
 DECODE_CHUNK = 1000
-WHOLE_SPLIT = 1 << 30  # a batch size larger than any split: the whole split as one element
-EPOCHS = 1 << 40
-PAD = 4
+ENDLESS = 1 << 62  # batches of a training pipeline
 SYNTHETIC_TRAIN_EXAMPLES = 1024
 SYNTHETIC_EVAL_EXAMPLES = 256
 # Fixed, not params["seed"]: every worker must generate the same examples so that
@@ -233,116 +232,86 @@ def _shard(ds, input_context):
     return ds
 
 
-def preprocess(images, labels, training):
-    """A batch [B,32,32,3]: pad-4 random crop and flip when training; per-image standardization.
-
-    Vectorized over the batch: each image gets its own shift (-4..4 pixels in both axes,
-    zeros shifted in, as cropping a zero-padded image) and its own coin for the flip
-    (uint8 pixels go into the crop as they are: it writes float32).
-    """
-    if training:
-        n = batch_size_of(images)
-        shift = lambda: tf.random.uniform([n], -PAD, PAD + 1, tf.int32)  # noqa: E731
-        images = shifted_crops(images, shift(), shift(), tf.random.uniform([n]) < 0.5)
+def standardized(images, labels):
+    """An eval batch: per-image standardization, as the model_fn applies to served images."""
     return {"image": tf.image.per_image_standardization(tf.cast(images, tf.float32))}, labels
 
 
-def batch_size_of(images):
-    """The batch dimension: static when known (training batches), else a tensor.
+def training_split(params, input_context=None) -> cifar_split.PaddedSplit:
+    """This pipeline's share of the training split, decoded into memory (NumPy) once.
 
-    With static box shapes grappler's cost model can price the crop: with dynamic
-    ones it logs an "Error in PredictCost()" warning that TF_CPP_MIN_LOG_LEVEL
-    does not silence.
+    Sharded as `Dataset.shard` would: record i goes to pipeline i % num_input_pipelines.
     """
-    return images.shape[0] if images.shape[0] is not None else tf.shape(images)[0]
+    count, index = 1, 0
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        count, index = input_context.num_input_pipelines, input_context.input_pipeline_id
+    if params.get("synthetic"):
+        images, labels = synthetic_arrays(SYNTHETIC_TRAIN_EXAMPLES)
+        return cifar_split.PaddedSplit(images[index::count], labels[index::count])
+    records = np.concatenate([np.fromfile(path, np.uint8) for path in _data_files(params, True)])
+    if records.size % RECORD_BYTES:
+        raise UserError(f"the CIFAR-10 training files in {_root(params)} hold {records.size} "
+                        f"bytes, not whole {RECORD_BYTES}-byte records: they changed since the "
+                        f"run started; restore them or run with --synthetic")
+    records = records.reshape(-1, RECORD_BYTES)[index::count]
+    images = records[:, 1:].reshape(-1, CHANNELS, HEIGHT, WIDTH).transpose(0, 2, 3, 1)
+    return cifar_split.PaddedSplit(images, records[:, 0])
 
 
-def shifted_crops(images, dy, dx, flip):
-    """out[b, i, j] = images[b, i + dy[b], j + dx[b]] (0 outside), mirrored left-right where flip[b].
-
-    One crop_and_resize with nearest sampling whose samples all land on pixel centres,
-    instead of pad + two batched gathers: per 256-image batch, decoding plus the crop
-    7.1-7.5 ms of CPU instead of 11.0-11.7, the whole reader 12.0 instead of 13.7
-    (README "Performance"). A 1-pixel zero border keeps every real pixel strictly
-    inside the sampled range, so float rounding at the edges only ever reads zeros.
-    """
-    n = batch_size_of(images)
-    padded = tf.pad(images, [[0, 0], [1, 1], [1, 1], [0, 0]])
-    dy, dx = tf.cast(dy, tf.float32), tf.cast(dx, tf.float32)
-    # Normalized by the padded extent - 1 (33), a box spanning 31 pixels gives a
-    # sampling step of exactly one pixel for a 32-pixel crop.
-    top, bottom = (dy + 1) / (HEIGHT + 1), (dy + HEIGHT) / (HEIGHT + 1)
-    left, right = (dx + 1) / (WIDTH + 1), (dx + WIDTH) / (WIDTH + 1)
-    boxes = tf.stack([top, tf.where(flip, right, left), bottom, tf.where(flip, left, right)], axis=1)
-    return tf.image.crop_and_resize(padded, boxes, tf.range(n), [HEIGHT, WIDTH],
-                                    method="nearest", extrapolation_value=0.0)
+def synthetic_arrays(count):
+    """The synthetic training examples as NumPy arrays: uint8 images [count,32,32,3], int32
+    labels; noise around a per-class colour like synthetic_example (another draw of it)."""
+    rng = np.random.RandomState(SYNTHETIC_SEED)
+    labels = rng.randint(0, NUM_CLASSES, count).astype(np.int32)
+    noise = rng.standard_normal((count, HEIGHT, WIDTH, CHANNELS)).astype(np.float32)
+    images = _class_colours()[labels][:, None, None, :] + SYNTHETIC_NOISE * noise
+    return np.rint(np.clip(images, 0.0, 255.0)).astype(np.uint8), labels
 
 
 @register_input("cifar", prepare=prepare)
 def cifar_input(mode, params, input_context=None):
     """CIFAR-10 as ({"image": float32 [B,32,32,3]}, int32 [B]); batch_size is per pipeline.
 
-    Training decodes the split (this pipeline's shard) once into memory (154 MB of
-    uint8 for the whole training set) and draws batches from a new permutation every
-    epoch; eval reads the test set once, in file order.
+    Training decodes the split (this pipeline's shard) once into memory, padded and
+    mirrored for the crops (480 MB for the whole training set, cifar_split.py), and
+    draws batches from a new permutation every epoch; eval reads the test set once,
+    in file order.
     """
     training = mode == tf.estimator.ModeKeys.TRAIN
     batch_size = int(params["batch_size"])
     if batch_size <= 0:
         raise UserError(f"batch_size {batch_size} must be > 0; fix it with --set batch_size=128")
-    ds = examples(params, training, input_context)
-    if training:
-        ds = shuffled_batches(ds, batch_size, params.get("seed"))
-    else:
-        ds = ds.batch(batch_size)  # eval keeps the last, partial batch
-    # Training batches all have batch_size examples: a static batch dimension.
-    static = batch_size if training else None
-
-    def augment_and_standardize(*batch):
-        images, labels = gather_batch(*batch) if training else batch
-        features, labels = preprocess(images, labels, training)
-        features["image"].set_shape([static, HEIGHT, WIDTH, CHANNELS])
-        labels.set_shape([static])
-        return features, labels
-
-    # Whole batches at a time cost a fraction of per-image work (README "Performance");
-    # parallel calls and prefetch keep it off the training step, the reader's priority
-    # keeps it from slowing the step down (reader_priority.py).
-    nice = int(params.get("reader_nice", reader_priority.DEFAULT_NICE))
-    ds = ds.map(reader_priority.lowered(augment_and_standardize, nice),
-                num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(pipeline_options())
+    if not training:  # the test set once, in file order, the last partial batch kept
+        ds = examples(params, False, input_context).batch(batch_size).map(
+            standardized, num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.prefetch(tf.data.AUTOTUNE).with_options(pipeline_options())
+    return training_batches(params, batch_size, input_context) \
+        .prefetch(tf.data.AUTOTUNE).with_options(pipeline_options())
 
 
-def gather_batch(index, images, labels):
-    """The examples at `index` of the split: one element of shuffled_batches."""
-    return tf.gather(images, index), tf.gather(labels, index)
+def training_batches(params, batch_size, input_context=None) -> tf.data.Dataset:
+    """Endless augmented, standardized batches of this pipeline's share of the training split.
 
-
-def shuffled_batches(examples_ds, batch_size, seed=None):
-    """Endless (indices [batch_size], all images, all labels) of a split held in memory.
-
-    The split is decoded once, into one tensor; each epoch is a new permutation of
-    its indices (a full shuffle, not a buffer's), and a batch may span two epochs.
-    The pixels are gathered by the caller's map function, on the reader's threads:
-    the thread that assembles these elements only moves indices.
+    The reader's CPU is taken from the training step's cores: one NumPy call per batch
+    (cifar_split.py), on the reader's own threads at a lower priority (reader_priority.py).
     """
-    base = random.SystemRandom().randrange(1 << 31) if seed is None else int(seed)
+    split = training_split(params, input_context)
+    if not len(split):  # an empty shard: no batches (not endless epochs of nothing)
+        return tf.data.Dataset.from_tensors((
+            {"image": tf.zeros([batch_size, HEIGHT, WIDTH, CHANNELS])},
+            tf.zeros([batch_size], tf.int32))).take(0)
+    seed = params.get("seed")
+    seed = random.SystemRandom().randrange(1 << 31) if seed is None else int(seed)
+    batches = cifar_split.Batches(split, batch_size, seed,
+                                  int(params.get("reader_nice", reader_priority.DEFAULT_NICE)))
 
-    def epochs(images, labels):
-        n = tf.shape(labels, out_type=tf.int64)[0]
+    def batch(k):
+        images, labels = tf.numpy_function(batches, [k], (tf.float32, tf.int32), stateful=False)
+        images.set_shape([batch_size, HEIGHT, WIDTH, CHANNELS])
+        labels.set_shape([batch_size])
+        return {"image": images}, labels
 
-        def permutation(epoch):
-            return tf.random.experimental.stateless_shuffle(
-                tf.range(n), seed=tf.stack([tf.constant(base, tf.int64), epoch]))
-
-        def with_split(index):
-            return index, images, labels
-
-        order = tf.data.Dataset.range(EPOCHS).map(permutation).unbatch()
-        return order.batch(batch_size, drop_remainder=True).map(with_split)
-
-    return examples_ds.batch(WHOLE_SPLIT).flat_map(epochs)
+    return tf.data.Dataset.range(ENDLESS).map(batch, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def pipeline_options() -> tf.data.Options:
@@ -356,7 +325,4 @@ def pipeline_options() -> tf.data.Options:
     options = tf.data.Options()
     options.threading.private_threadpool_size = max(1, devices_lib.available_cores() // 2)
     options.threading.max_intra_op_parallelism = 1
-    # Fused into one op, the synthetic examples' map and the batch of the whole split
-    # (shuffled_batches) would allocate WHOLE_SPLIT examples up front.
-    options.experimental_optimization.map_and_batch_fusion = False
     return options

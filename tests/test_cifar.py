@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import input_fns.cifar as cifar
+import input_fns.cifar_split as cifar_split
 import model_fns.resnet as resnet
 from estimator_dist.errors import UserError
 from estimator_dist.registry import INPUTS, MODELS
@@ -118,7 +119,13 @@ def test_examples_turn_chw_records_into_hwc_pixels_in_file_order(tmp_path, monke
 
 def unaugmented(monkeypatch):
     """Training batches without the random crop and flip: records can be told apart."""
-    monkeypatch.setattr(cifar, "shifted_crops", lambda images, dy, dx, flip: images)
+    crops = cifar_split.PaddedSplit.batch
+
+    def centred(split, index, dy, dx, flip):
+        centre = np.full(len(index), cifar_split.PAD)
+        return crops(split, index, centre, centre, np.zeros(len(index), bool))
+
+    monkeypatch.setattr(cifar_split.PaddedSplit, "batch", centred)
 
 
 def train_keys(dataset, batches):
@@ -164,16 +171,86 @@ def test_train_batches_are_augmented_standardized_and_repeat(tmp_path):
         assert set(labels.numpy().tolist()) <= train_labels
 
 
-def test_shifted_crops_equal_padded_crops_and_flips_for_every_offset():
+def test_split_batches_are_standardized_padded_crops_and_flips_for_every_offset():
     rng = np.random.RandomState(0)
-    offsets = [(dy, dx, f) for dy in range(-4, 5) for dx in range(-4, 5) for f in (False, True)]
-    images = rng.uniform(1, 255, size=(len(offsets), 32, 32, 3)).astype(np.float32)
+    offsets = [(dy, dx, f) for dy in range(9) for dx in range(9) for f in (False, True)]
+    images = rng.randint(0, 256, size=(len(offsets), 32, 32, 3)).astype(np.uint8)
+    images[0] = 7  # a flat crop: the deviation's floor
+    images[1, :, :16] = 255  # its flip differs from it
+    labels = np.arange(len(offsets)) % 10
+    split = cifar_split.PaddedSplit(images, labels)
     dy, dx, flip = (np.array(v) for v in zip(*offsets))
-    got = cifar.shifted_crops(tf.constant(images), dy, dx, flip).numpy()
+    order = rng.permutation(len(offsets))
+    got, got_labels = split.batch(order, dy[order], dx[order], flip[order])
+    assert got.dtype == np.float32 and got.shape == (len(offsets), 32, 32, 3)
+    np.testing.assert_array_equal(got_labels, labels[order])
     padded = np.pad(images, [(0, 0), (4, 4), (4, 4), (0, 0)])
-    for b, (y, x, f) in enumerate(offsets):
-        want = padded[b, 4 + y:36 + y, 4 + x:36 + x]
-        np.testing.assert_array_equal(got[b], want[:, ::-1] if f else want, err_msg=str((y, x, f)))
+    crops = np.stack([padded[b, y:y + 32, x:x + 32] for b, (y, x, _) in enumerate(offsets)])
+    crops[flip] = crops[flip, :, ::-1]
+    want = tf.image.per_image_standardization(tf.constant(crops, tf.float32)).numpy()
+    for i, b in enumerate(order):
+        np.testing.assert_allclose(got[i], want[b], atol=1e-5, err_msg=str(offsets[b]))
+
+
+def test_split_offsets_follow_the_padding():
+    image = np.arange(32 * 32 * 3).reshape(1, 32, 32, 3) % 251
+    split = cifar_split.PaddedSplit(image.astype(np.uint8), np.array([3]))
+    centre, _ = split.batch(np.array([0]), np.array([4]), np.array([4]), np.array([False]))
+    np.testing.assert_allclose(centre[0], standardize(image)[0], atol=1e-5)
+    shifted, _ = split.batch(np.array([0]), np.array([0]), np.array([8]), np.array([False]))
+    # dy=0: four zero rows on top; dx=8: the image's columns 4..31, then four zero columns.
+    raw = (shifted[0] - shifted[0].min()) / (shifted[0] - shifted[0].min()).max()
+    assert np.all(raw[:4] == 0) and np.all(raw[:, 28:] == 0) and np.any(raw[4:, :28] > 0)
+
+
+def small_split(n=10):
+    rng = np.random.RandomState(1)
+    return cifar_split.PaddedSplit(rng.randint(0, 256, (n, 32, 32, 3)).astype(np.uint8),
+                                   np.arange(n) % 10)
+
+
+def test_split_batches_are_a_function_of_seed_and_batch_number():
+    split = small_split()
+    first, again, other = (cifar_split.Batches(split, 4, seed) for seed in (5, 5, 6))
+    for k in (3, 0, 7):  # any order, as parallel reader threads would ask
+        np.testing.assert_array_equal(first(k)[0], again(k)[0])
+    assert not np.array_equal(first(0)[0], other(0)[0])
+
+
+def test_split_batches_span_epochs_each_a_new_permutation():
+    batches = cifar_split.Batches(small_split(10), 4, seed=3)
+    order = np.concatenate([batches.indices(k) for k in range(10)])  # 40 = four epochs
+    epochs = order.reshape(4, 10)
+    for epoch in epochs:
+        assert sorted(epoch.tolist()) == list(range(10))
+    assert len({tuple(e) for e in epochs}) == 4
+
+
+def test_split_batches_draw_every_crop_offset_and_both_flips(monkeypatch):
+    drawn = []
+    monkeypatch.setattr(cifar_split.PaddedSplit, "batch",
+                        lambda self, index, dy, dx, flip: drawn.append((dy, dx, flip)))
+    batches = cifar_split.Batches(small_split(), 256, seed=0)
+    for k in range(4):
+        batches(k)
+    dy, dx, flip = (np.concatenate(v) for v in zip(*drawn))
+    assert set(dy.tolist()) == set(dx.tolist()) == set(range(cifar_split.OFFSETS))
+    assert 0.4 < flip.mean() < 0.6
+
+
+def test_split_batches_come_aligned_for_tensorflow():
+    images, _ = cifar_split.Batches(small_split(), 8, seed=0)(0)
+    assert images.ctypes.data % cifar_split.ALIGNMENT == 0 and images.flags.c_contiguous
+
+
+def test_synthetic_training_shards_split_one_fixed_set():
+    params = params_for("", synthetic=True)
+    whole = cifar.training_split(params)
+    assert len(whole) == cifar.SYNTHETIC_TRAIN_EXAMPLES
+    np.testing.assert_array_equal(whole.labels, cifar.training_split(params).labels)
+    halves = [cifar.training_split(params, tf.distribute.InputContext(2, i, 2)) for i in (0, 1)]
+    np.testing.assert_array_equal(halves[0].labels, whole.labels[0::2])
+    np.testing.assert_array_equal(halves[1].labels, whole.labels[1::2])
 
 
 def test_train_shuffle_follows_the_seed(tmp_path):

@@ -31,11 +31,12 @@ def pipeline(fn, pool_threads=1):
 
 
 def test_the_map_runs_on_reniced_threads_and_the_caller_keeps_its_priority():
-    seen = {}
+    seen, policies = {}, set()
 
     def where(x):
         tid = threading.get_native_id()
         seen[tid] = os.getpriority(os.PRIO_PROCESS, tid)
+        policies.add(os.sched_getscheduler(tid))
         return x
 
     def fn(batch):
@@ -44,8 +45,10 @@ def test_the_map_runs_on_reniced_threads_and_the_caller_keeps_its_priority():
     values = [v.tolist() for v in pipeline(reader_priority.lowered(fn, 7)).as_numpy_iterator()]
     assert values[0] == [0, 2, 4, 6, 8, 10, 12, 14] and len(values) == 8  # fn still applies
     assert seen and set(seen.values()) == {7}  # every call ran at nice 7
+    assert policies == {os.SCHED_BATCH}  # which never preempts the step on waking up
     main = threading.get_native_id()
     assert main not in seen and thread_nices()[main] == 0
+    assert os.sched_getscheduler(main) == os.SCHED_OTHER
     assert sum(nice == 7 for nice in thread_nices().values()) <= 1  # the pool's one thread
 
 

@@ -7,6 +7,7 @@ import tensorflow as tf
 # Steps whose duration exceeds this many times the median contain a checkpoint
 # save and the evaluation it triggers; they are not training throughput.
 OUTLIER_FACTOR = 10.0
+BAR_SECONDS = 0.2  # between redraws of the progress bar on a terminal
 
 
 def find_reported_loss(graph):
@@ -31,13 +32,20 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
     """Every `every_n` steps a line with step, loss and GLOBAL examples/sec.
 
     examples/sec counts every replica's examples (global batch per run), the
-    number users want; `examples_per_sec` is the steady-state figure for the run.
+    number users want; `examples_per_sec` is the steady-state figure for the run,
+    and with `summary_dir` each line's rate is also TensorBoard's `examples_per_sec`.
     With gradient accumulation a step (update) takes `runs_per_step` session
     runs; only the last of them moves the global step and may print.
+
+    Only the runs that print fetch anything: the step is counted here (one update
+    per update run; read once per session and again after every printing run, so
+    steps other workers add are caught up), the loss fetched when it is shown.
+    Fetching the step and loss and feeding a rate on every run cost the MLP
+    benchmark ~4% of its step under `mirrored` (README "Performance").
     """
 
     def __init__(self, global_batch: int, max_steps: int, every_n: int = 100, emit=print,
-                 runs_per_step: int = 1, bar_stream=None):
+                 runs_per_step: int = 1, bar_stream=None, summary_dir=None):
         self._bar = bar_stream  # a terminal: redraw one progress bar instead of printing lines
         self._last_draw = 0.0
         self._batch = global_batch
@@ -45,6 +53,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         self._every_n = max(1, every_n)
         self._emit = emit
         self._runs_per_step = max(1, runs_per_step)
+        self._summary_dir = summary_dir
         self.durations = []
         self.losses = []
 
@@ -53,32 +62,34 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         return steady_rate(self.durations, self._batch, warmup=min(10, len(self.durations) // 10))
 
     def begin(self):
-        graph = tf.compat.v1.get_default_graph()
         self._global_step = tf.compat.v1.train.get_global_step()
-        self._loss = find_reported_loss(graph)
-        # TensorBoard's `examples_per_sec`: the GLOBAL rate of the last progress window
-        # (Estimator's global_step/sec counts steps). Fed on every run, written when
-        # Estimator's summary saver runs; nothing is written before a rate is known.
-        self._rate = 0.0
-        self._rate_feed = tf.compat.v1.placeholder_with_default(0.0, [],
-                                                                name="examples_per_sec_feed")
-        rate_summary = tf.compat.v1.summary.scalar("examples_per_sec", self._rate_feed,
-                                                   collections=[])
-        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SUMMARIES,
-                                       tf.where(self._rate_feed > 0, rate_summary, ""))
+        self._loss = find_reported_loss(tf.compat.v1.get_default_graph())
         self._started = None
         self._window = []
         self._runs = 0
+        self._step = 0
+        self._printed = None
+        self._fetching = False
 
     def after_create_session(self, session, coord):
         self._runs = 0  # accumulation restarts with the session (see accumulate.py)
+        self._step = int(session.run(self._global_step))
 
     def before_run(self, run_context):
         self._started = time.perf_counter()
-        fetches = {"step": self._global_step}
-        if self._loss is not None:
-            fetches["loss"] = self._loss
-        return tf.compat.v1.train.SessionRunArgs(fetches, feed_dict={self._rate_feed: self._rate})
+        updates = (self._runs + 1) % self._runs_per_step == 0
+        self._fetching = updates and self._shows(self._step + 1)
+        if not self._fetching or self._loss is None:
+            return None
+        return tf.compat.v1.train.SessionRunArgs({"loss": self._loss})
+
+    def _shows(self, step: int) -> bool:
+        """Whether the run that reaches `step` prints a line or redraws the bar."""
+        if step >= self._max_steps:
+            return True
+        if self._bar is not None:
+            return time.perf_counter() - self._last_draw >= BAR_SECONDS
+        return step % self._every_n == 0
 
     def after_run(self, run_context, run_values):
         duration = time.perf_counter() - self._started
@@ -87,28 +98,52 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         self._runs += 1
         if self._runs % self._runs_per_step:
             return
-        if self._runs_per_step > 1:
-            # The accumulated update ran in this run, unordered with the step fetched
-            # above (which may show it or not): read the step it left.
-            step = int(run_context.session.run(self._global_step))
-        else:
-            step = int(run_values.results["step"]) + 1
+        self._step += 1
+        if self._fetching:
+            # Read after the run: a read fetched in it is unordered with the update (it may
+            # show the step before or after it).
+            self._step = int(run_context.session.run(self._global_step))
+            results = run_values.results or {}
+            self._show(self._step, results.get("loss"))
+        if self._bar is not None and (self._step % self._every_n == 0 or
+                                      self._step >= self._max_steps):
+            self._write_rate(self._step, steady_rate(self._window, self._batch, warmup=0))
+            self._window = []
+
+    def end(self, session):
+        """A last line for the final step when this task's count fell behind it (other
+        workers' steps), and the TensorBoard rate written out."""
+        step = int(session.run(self._global_step))
+        if self._bar is None and self._printed != step and self._window:
+            loss = session.run(self._loss) if self._loss is not None else None
+            self._show(step, loss)
+        if self._summary_dir:
+            tf.compat.v1.summary.FileWriterCache.get(self._summary_dir).flush()
+
+    def _show(self, step: int, loss):
         if self._bar is not None:
-            self._draw(step, run_values.results.get("loss"))
+            self._draw(step, loss)
+            return
         if step % self._every_n and step < self._max_steps:
             return
-        self._rate = steady_rate(self._window, self._batch, warmup=0) or self._rate
-        if self._bar is not None:
-            self._window = []
-            return
-        loss = run_values.results.get("loss")
+        rate = steady_rate(self._window, self._batch, warmup=0)
         text = f"step {step}/{self._max_steps}"
         if loss is not None:
             self.losses.append((step, float(loss)))
             text += f"  loss {float(loss):.4f}"
-        rate = steady_rate(self._window, self._batch, warmup=0)
         self._emit(f"{text}  {rate:,.0f} examples/sec  ETA {self._eta(step, rate)}")
+        self._write_rate(step, rate)
+        self._printed = step
         self._window = []
+
+    def _write_rate(self, step: int, rate):
+        """TensorBoard's `examples_per_sec`: the GLOBAL rate of the last progress window
+        (Estimator's global_step/sec counts steps)."""
+        if not self._summary_dir or not rate:
+            return
+        summary = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
+            tag="examples_per_sec", simple_value=rate)])
+        tf.compat.v1.summary.FileWriterCache.get(self._summary_dir).add_summary(summary, step)
 
     def _eta(self, step: int, rate) -> str:
         if not rate:
@@ -117,11 +152,8 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
     def _draw(self, step: int, loss):
-        now = time.perf_counter()
+        self._last_draw = time.perf_counter()
         done = step >= self._max_steps
-        if not done and now - self._last_draw < 0.2:
-            return
-        self._last_draw = now
         rate = steady_rate(self._window[-50:] or self.durations[-50:], self._batch, warmup=0)
         width = 30
         filled = int(width * min(step, self._max_steps) / max(self._max_steps, 1))

@@ -496,7 +496,8 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
                             emit=out if p.writes_run_files else silent,
                             runs_per_step=config.distribute.accumulate_steps,
                             bar_stream=sys.stdout if out is print and sys.stdout.isatty()
-                            and p.writes_run_files else None)
+                            and p.writes_run_files else None,
+                            summary_dir=p.model_dir if p.writes_run_files else None)
     train_spec, eval_spec = build_specs(p, training_hooks(p, estimator, progress, say))
     started = time.perf_counter()
     with guards.TrainingGuard(p.model_dir, config.distribute.accumulate_steps, p.role) as guard:

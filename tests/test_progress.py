@@ -1,0 +1,84 @@
+"""ProgressHook: lines at the right steps, fetches only on those runs, TensorBoard's rate."""
+import glob
+
+import tensorflow as tf
+
+from estimator_dist.hooks import ProgressHook
+
+
+class FetchCounter(tf.compat.v1.train.SessionRunHook):
+    """Wraps a hook and counts the runs on which it asked for fetches."""
+
+    def __init__(self, hook):
+        self.hook = hook
+        self.fetching_runs = 0
+
+    def begin(self):
+        self.hook.begin()
+
+    def after_create_session(self, session, coord):
+        self.hook.after_create_session(session, coord)
+
+    def before_run(self, run_context):
+        args = self.hook.before_run(run_context)
+        self.fetching_runs += args is not None
+        return args
+
+    def after_run(self, run_context, run_values):
+        self.hook.after_run(run_context, run_values)
+
+    def end(self, session):
+        self.hook.end(session)
+
+
+def run_steps(hook, max_steps, increment=1, summary_dir=None):
+    """Train a one-variable 'model' whose run adds `increment` to the global step (more than
+    one: as if other workers stepped too) until max_steps."""
+    with tf.Graph().as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        weight = tf.compat.v1.get_variable("w", [], initializer=tf.compat.v1.ones_initializer())
+        loss = tf.identity(weight * 2.0, name="loss_value")
+        tf.compat.v1.summary.scalar("loss", loss)
+        with tf.control_dependencies([loss]):  # the loss a run shows is before its update
+            train_op = tf.group(tf.compat.v1.assign_add(step, increment), weight.assign_add(1.0))
+        hooks = [hook, tf.compat.v1.train.StopAtStepHook(last_step=max_steps)]
+        with tf.compat.v1.train.MonitoredSession(hooks=hooks) as session:
+            runs = 0
+            while not session.should_stop():
+                session.run(train_op)
+                runs += 1
+        if summary_dir:
+            tf.compat.v1.summary.FileWriterCache.clear()
+        return runs
+
+
+def test_lines_at_every_n_and_the_last_step_fetching_only_then():
+    lines = []
+    counter = FetchCounter(ProgressHook(8, 12, every_n=5, emit=lines.append))
+    assert run_steps(counter, 12) == 12
+    assert [line.split()[1] for line in lines] == ["5/12", "10/12", "12/12"]
+    assert counter.fetching_runs == 3
+    assert lines[0].split()[3] == "10.0000"  # 2 * w in run 5: w = 1 + 4
+    assert "examples/sec" in lines[-1] and "ETA 0:00:00" in lines[-1]
+
+
+def test_steps_other_workers_add_are_caught_up_and_the_final_step_shown():
+    lines = []
+    hook = ProgressHook(8, 20, every_n=5, emit=lines.append)
+    runs = run_steps(hook, 20, increment=3)  # this task counts 1 a run; the step moves by 3
+    assert runs == 7
+    shown = [int(line.split()[1].split("/")[0]) for line in lines]
+    assert shown[-1] == 21  # the step training really ended at, printed by end()
+    assert shown == sorted(shown) and all(s % 3 == 0 for s in shown)
+
+
+def test_examples_per_sec_reaches_tensorboard(tmp_path):
+    hook = ProgressHook(8, 12, every_n=5, emit=lambda line: None, summary_dir=str(tmp_path))
+    run_steps(hook, 12, summary_dir=str(tmp_path))
+    rates = {}
+    for path in glob.glob(str(tmp_path / "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.tag == "examples_per_sec":
+                    rates[event.step] = value.simple_value
+    assert sorted(rates) == [5, 10, 12] and min(rates.values()) > 0

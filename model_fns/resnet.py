@@ -32,8 +32,34 @@ def _conv(x, filters, kernel_size, strides, name):
 
 
 def _bn(x, training, name):
-    return tf.compat.v1.layers.batch_normalization(
-        x, momentum=BN_MOMENTUM, epsilon=BN_EPSILON, training=training, name=name)
+    """Batch norm over the last axis: tf.compat.v1.layers.batch_normalization's variables,
+    computation and UPDATE_OPS, with the moving statistics updated by the fused kernel.
+
+    The v1 layer, in a graph, updates them with sub/mul/assign_sub chains after the
+    kernel (it uses the fused update only when executing eagerly outside functions,
+    as Keras fit does); here the kernel computes them (exponential_avg_factor) and
+    two assigns store them: ResNet-20's training graph has 2,278 ops instead of 2,509
+    and ran 2-3% faster (README "Performance"). Tested equal to the v1 layer.
+    """
+    channels = x.shape[-1]
+    on_read = {"synchronization": tf.VariableSynchronization.ON_READ,
+               "aggregation": tf.VariableAggregation.MEAN, "trainable": False}
+    with tf.compat.v1.variable_scope(name):
+        gamma = tf.compat.v1.get_variable("gamma", [channels], initializer=tf.ones_initializer())
+        beta = tf.compat.v1.get_variable("beta", [channels], initializer=tf.zeros_initializer())
+        mean = tf.compat.v1.get_variable("moving_mean", [channels],
+                                         initializer=tf.zeros_initializer(), **on_read)
+        variance = tf.compat.v1.get_variable("moving_variance", [channels],
+                                             initializer=tf.ones_initializer(), **on_read)
+        if not training:
+            return tf.compat.v1.nn.fused_batch_norm(x, gamma, beta, mean, variance,
+                                                    epsilon=BN_EPSILON, is_training=False)[0]
+        y, new_mean, new_variance = tf.compat.v1.nn.fused_batch_norm(
+            x, gamma, beta, mean, variance, epsilon=BN_EPSILON, is_training=True,
+            exponential_avg_factor=1.0 - BN_MOMENTUM)
+        for var, value in ((mean, new_mean), (variance, new_variance)):
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, var.assign(value))
+        return y
 
 
 def _block(x, filters, strides, training):

@@ -458,6 +458,49 @@ def test_model_fn_train_outputs_and_batch_norm_updates():
     assert len(moving) == 9 and len(update_ops) == 2 * len(moving)
 
 
+def batch_norm_run(bn, x, values=None, steps=3):
+    """Train-mode outputs after `steps` updates, the moving statistics, all variable values."""
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("net"):
+            y = bn(tf.constant(x), True, "bn")
+        with tf.compat.v1.variable_scope("net", reuse=True):
+            inference = bn(tf.constant(x), False, "bn")
+        updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+        variables = {v.name: v for v in tf.compat.v1.global_variables()}
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for name, value in (values or {}).items():
+                variables[name].load(value, session)
+            for _ in range(steps):
+                session.run(updates)
+            return session.run([y, inference, variables])
+
+
+def test_batch_norm_equals_the_v1_layer_with_fewer_ops():
+    def v1_layer(x, training, name):
+        return tf.compat.v1.layers.batch_normalization(
+            x, momentum=resnet.BN_MOMENTUM, epsilon=resnet.BN_EPSILON, training=training,
+            name=name)
+
+    x = np.random.RandomState(0).randn(8, 6, 6, 5).astype(np.float32) * 3 + 1
+    gamma_beta = {"net/bn/gamma:0": np.linspace(0.5, 2, 5), "net/bn/beta:0": np.arange(5.0)}
+    want = batch_norm_run(v1_layer, x, gamma_beta)
+    got = batch_norm_run(resnet._bn, x, gamma_beta)
+    assert sorted(got[2]) == sorted(want[2])  # the same variables: checkpoints interchange
+    np.testing.assert_allclose(got[0], want[0], atol=1e-5)
+    np.testing.assert_allclose(got[1], want[1], atol=1e-5)  # inference on the moving stats
+    for name in want[2]:
+        np.testing.assert_allclose(got[2][name], want[2][name], atol=1e-5, err_msg=name)
+    assert np.abs(want[2]["net/bn/moving_mean:0"]).max() > 0.1  # the statistics did move
+
+    def ops(bn):
+        with tf.Graph().as_default() as graph:
+            bn(tf.zeros([2, 4, 4, 3]), True, "bn")
+            return len(graph.get_operations())
+
+    assert ops(resnet._bn) < ops(v1_layer)
+
+
 @pytest.mark.parametrize("depth", [21, 2, 7, 0, "20"])
 def test_depth_must_be_6n_plus_2(depth):
     with pytest.raises(UserError, match=r"6n\+2") as info:

@@ -8,7 +8,7 @@ zero-padded twice, as it is and mirrored left-right, so that every crop, flipped
 or not, is a strided view of 32 rows of 96 contiguous bytes; and the mean and
 standard deviation of every crop are computed once, when the split is loaded.
 The TensorFlow ops this replaces (gather, crop_and_resize, per_image_standardization)
-took about four times the CPU per batch, CPU the training step shares
+took five to seven times the CPU per batch, CPU the training step shares
 (README "Performance").
 """
 import threading

@@ -111,20 +111,20 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
             self._window = []
 
     def end(self, session):
-        """A last line for the final step when this task's count fell behind it (other
-        workers' steps), and the TensorBoard rate written out."""
+        """A last line for the final step when no run printed it (other workers' steps, or an
+        input that ran out), and the TensorBoard rate written out. Without the loss:
+        computing it would read the input again."""
         step = int(session.run(self._global_step))
         if self._bar is None and self._printed != step and self._window:
-            loss = session.run(self._loss) if self._loss is not None else None
-            self._show(step, loss)
+            self._show(step, None, last=True)
         if self._summary_dir:
             tf.compat.v1.summary.FileWriterCache.get(self._summary_dir).flush()
 
-    def _show(self, step: int, loss):
+    def _show(self, step: int, loss, last: bool = False):
         if self._bar is not None:
             self._draw(step, loss)
             return
-        if step % self._every_n and step < self._max_steps:
+        if step % self._every_n and step < self._max_steps and not last:
             return
         rate = steady_rate(self._window, self._batch, warmup=0)
         text = f"step {step}/{self._max_steps}"

@@ -72,6 +72,23 @@ def test_steps_other_workers_add_are_caught_up_and_the_final_step_shown():
     assert shown == sorted(shown) and all(s % 3 == 0 for s in shown)
 
 
+def test_an_input_that_runs_out_gets_a_last_line_and_no_error():
+    lines = []
+    hook = ProgressHook(8, 100, every_n=5, emit=lines.append)
+    with tf.Graph().as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        batch = tf.compat.v1.data.make_one_shot_iterator(tf.data.Dataset.range(7)).get_next()
+        loss = tf.cast(batch, tf.float32)
+        tf.compat.v1.summary.scalar("loss", loss)
+        with tf.control_dependencies([loss]):
+            train_op = tf.compat.v1.assign_add(step, 1)
+        with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
+            while not session.should_stop():
+                session.run(train_op)
+    assert [line.split()[1] for line in lines] == ["5/100", "7/100"]
+    assert "loss" not in lines[-1] and "examples/sec" in lines[-1]
+
+
 def test_examples_per_sec_reaches_tensorboard(tmp_path):
     hook = ProgressHook(8, 12, every_n=5, emit=lambda line: None, summary_dir=str(tmp_path))
     run_steps(hook, 12, summary_dir=str(tmp_path))

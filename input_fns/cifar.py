@@ -253,9 +253,14 @@ def training_split(params, input_context=None) -> cifar_split.PaddedSplit:
         raise UserError(f"the CIFAR-10 training files in {_root(params)} hold {records.size} "
                         f"bytes, not whole {RECORD_BYTES}-byte records: they changed since the "
                         f"run started; restore them or run with --synthetic")
-    records = records.reshape(-1, RECORD_BYTES)[index::count]
-    images = records[:, 1:].reshape(-1, CHANNELS, HEIGHT, WIDTH).transpose(0, 2, 3, 1)
-    return cifar_split.PaddedSplit(images, records[:, 0])
+    return cifar_split.PaddedSplit(*decode_record_array(records[index * RECORD_BYTES:], count))
+
+
+def decode_record_array(records, every=1):
+    """decode_records in NumPy, for every `every`-th record of the uint8 array `records`."""
+    records = records.reshape(-1, RECORD_BYTES)[::every]
+    return (records[:, 1:].reshape(-1, CHANNELS, HEIGHT, WIDTH).transpose(0, 2, 3, 1),
+            records[:, 0].astype(np.int32))
 
 
 def synthetic_arrays(count):

@@ -50,10 +50,6 @@ class PaddedSplit:
     def __len__(self) -> int:
         return len(self.labels)
 
-    @property
-    def nbytes(self) -> int:
-        return self._padded.nbytes + self.scale.nbytes + self.offset.nbytes + self.labels.nbytes
-
     def batch(self, index, dy, dx, flip):
         """Standardized crops (float32 [B,32,32,3]) and labels (int32 [B]).
 

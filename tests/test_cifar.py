@@ -117,6 +117,33 @@ def test_examples_turn_chw_records_into_hwc_pixels_in_file_order(tmp_path, monke
     np.testing.assert_array_equal(labels, np.concatenate([written[n][1] for n in cifar.TRAIN_FILES]))
 
 
+def test_numpy_decode_equals_the_tensorflow_decode(tmp_path):
+    write_cifar_files(tmp_path)
+    raw = (tmp_path / cifar.TEST_FILE).read_bytes()
+    want = [t.numpy() for t in cifar.decode_records(tf.constant(
+        [raw[i:i + cifar.RECORD_BYTES] for i in range(0, len(raw), cifar.RECORD_BYTES)]))]
+    got = cifar.decode_record_array(np.frombuffer(raw, np.uint8))
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    odd = cifar.decode_record_array(np.frombuffer(raw, np.uint8)[cifar.RECORD_BYTES:], 2)
+    np.testing.assert_array_equal(odd[0], want[0][1::2])
+
+
+def test_unaugmented_training_batches_are_the_standardized_training_images(tmp_path,
+                                                                           monkeypatch):
+    written = write_cifar_files(tmp_path)
+    unaugmented(monkeypatch)
+    images, labels = collect(cifar.cifar_input(TRAIN, params_for(tmp_path, batch_size=100))
+                             .take(1))
+    train = np.concatenate([written[n][0] for n in cifar.TRAIN_FILES])
+    train_labels = np.concatenate([written[n][1] for n in cifar.TRAIN_FILES])
+    want = standardize(train).reshape(len(train), -1)
+    nearest = ((images.reshape(len(images), 1, -1) - want[None]) ** 2).sum(-1).argmin(axis=1)
+    assert sorted(nearest.tolist()) == list(range(len(train)))  # each record once
+    np.testing.assert_allclose(images, want[nearest].reshape(images.shape), atol=1e-4)
+    np.testing.assert_array_equal(labels, train_labels[nearest])
+
+
 def unaugmented(monkeypatch):
     """Training batches without the random crop and flip: records can be told apart."""
     crops = cifar_split.PaddedSplit.batch

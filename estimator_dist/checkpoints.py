@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 
 import tensorflow as tf
 
+from estimator_dist import files
 from estimator_dist.errors import UserError
 
 STATE_FILE = "checkpoint"
@@ -92,11 +93,7 @@ def write_state(model_dir: str, latest: str, steps: List[int]):
     """Write the `checkpoint` state file (relative paths, as Estimator does), atomically."""
     lines = [f'model_checkpoint_path: "{os.path.basename(latest)}"']
     lines += [f'all_model_checkpoint_paths: "{PREFIX}-{s}"' for s in sorted(steps)]
-    path = os.path.join(model_dir, STATE_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    os.replace(tmp, path)
+    files.write_text(os.path.join(model_dir, STATE_FILE), "\n".join(lines) + "\n")
 
 
 def remove_stale_temp(model_dir: str) -> List[str]:

@@ -4,6 +4,7 @@ import os
 import sys
 
 from estimator_dist import errors
+from estimator_dist import files
 
 TRAIN_FLAGS = {
     # flag: (type, help)
@@ -181,6 +182,13 @@ def main(argv=None) -> int:
 
     try:
         return commands.run(args.command, args) or errors.EXIT_OK
+    except (OSError, IndexError) as e:  # a write with no guard of its own hit a full disk
+        # (IndexError: TensorFlow's OUT_OF_RANGE, e.g. a TensorBoard events file too large)
+        if not files.reason_in(e):
+            raise
+        error = files.storage_error(e, "writing a file", "the command stopped there")
+        print(f"estimator-dist: {error.label}: {error}", file=sys.stderr)
+        return error.exit_code
     except errors.ReportedError as e:
         print(f"estimator-dist: {e.label}: {e}", file=sys.stderr)
         return e.exit_code

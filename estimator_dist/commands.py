@@ -4,6 +4,7 @@ import sys
 
 from estimator_dist import config as config_lib
 from estimator_dist import export as export_lib
+from estimator_dist import files
 from estimator_dist import runner
 from estimator_dist import storage
 from estimator_dist.cli import TRAIN_FLAGS
@@ -63,9 +64,7 @@ def predict(args):
 
     frame = predict_lib.predict_file(args.saved_model, args.input_path, args.batch_size)
     if args.output:
-        tmp = args.output + ".tmp"
-        frame.to_csv(tmp, index=False)
-        os.replace(tmp, args.output)
+        files.write_file(args.output, lambda tmp: frame.to_csv(tmp, index=False))
         print(f"wrote {len(frame)} predictions to {args.output}")
     else:
         frame.to_csv(sys.stdout, index=False)
@@ -117,10 +116,7 @@ def tfjob(args):
                              args.evaluator, args.namespace, args.pvc, args.mount_path)
     text = tfjob_lib.to_yaml(job)
     if args.output:
-        tmp = args.output + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, args.output)
+        files.write_text(args.output, text)
         print(f"wrote TFJob '{args.name}' to {args.output}")
     else:
         sys.stdout.write(text)

@@ -12,6 +12,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import yaml
 
+from estimator_dist import files
 from estimator_dist.errors import UserError
 
 CONFIG_FILE = "config.yaml"
@@ -330,10 +331,7 @@ def save(config: Config, model_dir: str, extra: Optional[Mapping[str, Any]] = No
     if extra:
         data["resolved"] = dict(extra)
     path = os.path.join(model_dir, CONFIG_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        yaml.safe_dump(data, f, sort_keys=False)
-    os.replace(tmp, path)
+    files.write_text(path, yaml.safe_dump(data, sort_keys=False))
     return path
 
 

@@ -14,6 +14,8 @@ import time
 import tensorflow as tf
 from tensorflow_estimator.python.estimator import training as tf_training
 
+from estimator_dist import files
+
 END_MARKER = "training_end.json"
 
 
@@ -31,10 +33,7 @@ def clear_end(model_dir: str):
 
 def mark_end(model_dir: str, global_step: int):
     """The chief, after training: tell the evaluator which checkpoint is the last."""
-    path = marker_path(model_dir)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump({"global_step": global_step}, f)
-    os.replace(path + ".tmp", path)
+    files.write_text(marker_path(model_dir), json.dumps({"global_step": global_step}))
 
 
 class StopWhenTrainingEnded(tf_training._ContinuousEvalListener):  # pylint: disable=protected-access

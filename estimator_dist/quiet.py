@@ -1,6 +1,7 @@
 """Keep TensorFlow's banners and deprecation warnings out of the output unless --verbose."""
 import logging
 import os
+import threading
 import warnings
 
 _state = {"quiet": False}
@@ -29,4 +30,25 @@ def configure(verbose: bool):
         return
     deprecation._PRINT_DEPRECATION_WARNINGS = False  # pylint: disable=protected-access
     tf.get_logger().setLevel("ERROR")
+    tf.get_logger().addFilter(_not_event_writer_error)
     logging.getLogger("absl").setLevel(logging.ERROR)
+    threading.excepthook = _event_writer_failures_raised_later(threading.excepthook)
+
+
+# A TensorBoard events writer whose write fails logs an error and dies with a traceback
+# in its own thread; the main thread gets the same error at its next write or flush,
+# where it becomes one line (a StorageError for a full disk): those two are noise.
+EVENT_WRITER_THREAD = "EventLoggerThread"
+
+
+def _not_event_writer_error(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("EventFileWriter writer thread error")
+
+
+def _event_writer_failures_raised_later(previous):
+    def hook(args):
+        if args.thread is not None and args.thread.name == EVENT_WRITER_THREAD:
+            return
+        previous(args)
+
+    return hook

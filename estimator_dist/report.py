@@ -6,6 +6,7 @@ from typing import Dict, Tuple
 import pandas as pd
 import tensorflow as tf
 
+from estimator_dist import files
 from estimator_dist.errors import UserError
 
 EVAL_PREFIX = "eval_"
@@ -59,10 +60,10 @@ def plot(frame: pd.DataFrame, path: str):
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        files.write_file(path, lambda tmp: fig.savefig(tmp, dpi=100), temp_suffix=".tmp.png")
+    finally:
+        plt.close(fig)
 
 
 def summary(frame: pd.DataFrame) -> str:
@@ -88,8 +89,7 @@ def write(model_dir: str, output_dir: str = "") -> Tuple[str, str, str]:
     output_dir = output_dir or os.path.join(model_dir, "report")
     os.makedirs(output_dir, exist_ok=True)
     csv_path = os.path.join(output_dir, "report.csv")
-    frame.to_csv(csv_path + ".tmp")
-    os.replace(csv_path + ".tmp", csv_path)
+    files.write_file(csv_path, frame.to_csv)
     png_path = os.path.join(output_dir, "report.png")
     plot(frame, png_path)
     return csv_path, png_path, summary(frame)

@@ -23,6 +23,7 @@ from estimator_dist import devices as devices_lib
 from estimator_dist import early_stopping
 from estimator_dist import evaluator as evaluator_lib
 from estimator_dist import export as export_lib
+from estimator_dist import files
 from estimator_dist import guards
 from estimator_dist import horovod as hvd_lib
 from estimator_dist import horovod_train
@@ -349,10 +350,7 @@ def save_run_files(p: Plan):
 
 
 def write_summary(path: str, summary: Dict[str, Any]):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    files.write_text(path, json.dumps(summary, indent=2, sort_keys=True))
 
 
 def plain(value):

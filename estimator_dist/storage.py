@@ -10,7 +10,6 @@ not swallow); the caller removes the leftovers it made and keeps everything
 that was there before.
 """
 import contextlib
-import errno
 import os
 import re
 import shutil
@@ -18,56 +17,34 @@ from typing import Iterable, Optional, Set
 
 import tensorflow as tf
 
+from estimator_dist import checkpoints
+from estimator_dist import files
 from estimator_dist.errors import StorageError, UserError
+from estimator_dist.files import reason_in, storage_error
 
-# How the OS errors of a full disk read once TensorFlow has turned them into OpErrors.
-REASONS = {"File too large": "a file hit the file-size limit (RLIMIT_FSIZE / ulimit -f)",
-           "No space left on device": "the disk is full",
-           "Disk quota exceeded": "the disk quota is used up",
-           "Read-only file system": "the file system is read-only"}
-ERRNOS = {errno.EFBIG: "File too large", errno.ENOSPC: "No space left on device",
-          errno.EDQUOT: "Disk quota exceeded", errno.EROFS: "Read-only file system"}
 TEMP_NAME = re.compile(r"(_temp$|^temp-\d+$|\.tempstate\d+$|\.tmp[0-9a-f]*$)")
 EXPORT_NAME = re.compile(r"^(temp-)?\d+$")  # exports, and leftovers of a killed one
 
 
 def storage_reason(error: BaseException) -> Optional[str]:
-    """The OS reason when `error` is a failed write (disk full, file too large, ...), else None."""
-    if isinstance(error, OSError) and error.errno in ERRNOS:
-        return ERRNOS[error.errno]
-    if isinstance(error, (tf.errors.OpError, OSError)):
-        text = getattr(error, "message", None) or str(error)
-        for reason in REASONS:
-            if reason in text:
-                return reason
+    """The OS reason when `error` is a failed write (disk full, file too large, ...), else None.
+
+    TensorFlow raises OpErrors, or IndexError (an OUT_OF_RANGE status through
+    pybind) from a TensorBoard events writer's flush.
+    """
+    if isinstance(error, (tf.errors.OpError, OSError, IndexError)):
+        return reason_in(error)
     return None
-
-
-def _where(error: BaseException) -> str:
-    """The file the error names: OSError.filename, or TensorFlow's "<path>; File too large"."""
-    if isinstance(error, OSError) and error.filename:
-        return str(error.filename)
-    text = getattr(error, "message", None) or str(error)
-    found = re.search(r"(/[^\s;]+)\s*;\s*(?:" + "|".join(REASONS) + ")", text)
-    if not found:
-        return ""
-    # TensorFlow writes through "<file>.tempstate<N>"; name the file being written.
-    return re.sub(r"\.tempstate\d+$", "", found.group(1))
-
-
-def storage_error(error: BaseException, what: str, kept: str) -> StorageError:
-    reason = storage_reason(error) or "write failed"
-    where = _where(error)
-    return StorageError(f"{what} failed: {REASONS.get(reason, reason)} ({reason}"
-                        f"{': ' + where if where else ''}); {kept}; free space (or raise the "
-                        f"limit) and rerun")
 
 
 def guard_saver(saver, describe_kept):
     """Make `saver.save` raise StorageError for a failed write instead of an OpError.
 
     MonitoredSession swallows OutOfRangeError, TensorFlow's error for a file that
-    is too large, as if the input had ended; a StorageError propagates.
+    is too large, as if the input had ended; a StorageError propagates. A save
+    that fails after writing some of its files (TensorFlow writes the variables,
+    points the state file at them, then writes the .meta) is undone: its files
+    are removed and the state file names the previous checkpoint again.
     `describe_kept()` says what is still intact, for the message.
     """
     if getattr(saver, "_estimator_dist_guarded", False):
@@ -75,19 +52,57 @@ def guard_saver(saver, describe_kept):
     save = saver.save
 
     def guarded_save(sess, save_path, global_step=None, *args, **kwargs):
+        prefix = save_path
+        with contextlib.suppress(TypeError, ValueError):
+            prefix = f"{save_path}-{int(global_step)}"
+        before = _files_before_save(prefix)
         try:
             return save(sess, save_path, global_step, *args, **kwargs)
         except (tf.errors.OpError, OSError) as e:
             if storage_reason(e) is None:
                 raise
-            name = os.path.basename(save_path)
-            with contextlib.suppress(TypeError, ValueError):
-                name += f"-{int(global_step)}"
-            raise storage_error(e, f"saving checkpoint {name}", describe_kept()) from None
+            _undo_save(prefix, *before)
+            raise storage_error(e, f"saving checkpoint {os.path.basename(prefix)}",
+                                describe_kept()) from None
 
     saver.save = guarded_save
     saver._estimator_dist_guarded = True  # pylint: disable=protected-access
     return saver
+
+
+def _files_before_save(prefix: str):
+    """(whether checkpoint `prefix` already existed, the state file's bytes or None)."""
+    state_path = os.path.join(os.path.dirname(prefix), checkpoints.STATE_FILE)
+    try:
+        with open(state_path, "rb") as f:
+            state = f.read()
+    except OSError:
+        state = None
+    return os.path.exists(prefix + ".index"), state
+
+
+def _undo_save(prefix: str, existed: bool, state: Optional[bytes]):
+    """Remove what a failed save of a new checkpoint `prefix` wrote; restore the state file.
+
+    If restoring the state file fails too (the disk is full), it may name the
+    removed checkpoint: the next run's resume check repairs such a state file.
+    """
+    if existed:  # a re-save at the same step: the old files may be the new ones now
+        return
+    directory, name = os.path.split(prefix)
+    remove(os.path.join(directory, n) for n in os.listdir(directory or ".")
+           if n.startswith(name + "."))
+    state_path = os.path.join(directory, checkpoints.STATE_FILE)
+    with contextlib.suppress(OSError, StorageError):
+        if state is None:
+            os.remove(state_path)
+        else:
+            files.write_file(state_path, lambda tmp: _write_bytes(tmp, state))
+
+
+def _write_bytes(path: str, data: bytes):
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 def temp_entries(directories: Iterable[str]) -> Set[str]:

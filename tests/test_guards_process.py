@@ -3,6 +3,7 @@
 Each run is bounded by a timeout; the faults are real signals and a real
 RLIMIT_FSIZE (Python ignores SIGXFSZ, so writes past the limit fail with EFBIG).
 """
+import errno
 import os
 import re
 import resource
@@ -16,9 +17,10 @@ import pytest
 import tensorflow as tf
 
 import guard_models  # noqa: F401 - registers guard_mlp for the in-process parts
+from estimator_dist import files
 from estimator_dist import guards
 from estimator_dist.cli import main
-from estimator_dist.errors import EXIT_PREEMPTED, EXIT_STORAGE, Preempted
+from estimator_dist.errors import EXIT_PREEMPTED, EXIT_STORAGE, Preempted, StorageError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, "tests")
@@ -108,8 +110,8 @@ def fill_disk_at(limit_bytes):
 
 
 def walk(path):
-    for root, dirs, files in os.walk(path):
-        for name in dirs + files:
+    for root, dirs, names in os.walk(path):
+        for name in dirs + names:
             yield os.path.join(root, name)
 
 
@@ -151,6 +153,86 @@ def test_disk_full_while_exporting_is_an_error_and_keeps_earlier_exports(tmp_pat
     assert "File too large" in err and err.count("\n") == 0
     assert os.listdir(base) == [first]  # the partial temp-<timestamp> dir is gone
     assert {p: os.path.getsize(p) for p in walk(base)} == before
+
+
+def one_line_storage_error(proc) -> str:
+    assert proc.returncode == EXIT_STORAGE, proc.stderr
+    err = proc.stderr.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    assert err.startswith("estimator-dist: error: ")
+    return err
+
+
+def test_disk_full_writing_config_yaml_is_one_line_and_leaves_nothing(tmp_path):
+    proc = run(train_argv(tmp_path, "--train_steps", 3), preexec_fn=fill_disk_at(500))
+    err = one_line_storage_error(proc)
+    assert err.startswith(f"estimator-dist: error: writing {tmp_path / 'config.yaml'} failed: "
+                          f"a file hit the file-size limit")
+    assert os.listdir(tmp_path) == []  # no config.yaml, no config.yaml.tmp
+
+
+def test_disk_full_writing_tensorboard_events_is_one_line(tmp_path):
+    """From step 3 no file may pass 100 kB: checkpoints (72 kB .meta) fit, the events
+    files do not. TensorFlow's writer thread dies with a traceback of its own and the
+    main thread gets an IndexError ("File too large") at its next flush."""
+    proc = run(train_argv(tmp_path, "--train_steps", 50, "--set", "fsize_limit_step=3",
+                          "--set", "fsize_limit=100000"))
+    err = one_line_storage_error(proc)
+    assert re.search(r"\(File too large: \S+/events\.out\.tfevents\.[^ ]+\)", err), err
+    assert f"the previous checkpoint {tmp_path / 'model.ckpt-50'} is intact" in err
+    assert "EventFileWriter" not in proc.stderr
+    assert latest_step(tmp_path) == 50
+
+
+def test_a_checkpoint_save_failing_at_its_meta_file_is_undone(tmp_path):
+    """TensorFlow writes the variables, points the state file at them, then writes the
+    .meta (72 kB here): a save failing there would leave a checkpoint named as the
+    latest that the error calls failed. It is removed and the state file restored."""
+    proc = run(train_argv(tmp_path, "--train_steps", 10, "--save_checkpoints_steps", 5,
+                          "--set", "fsize_limit_step=3", "--set", "fsize_limit=6000"))
+    err = one_line_storage_error(proc)
+    assert err.startswith("estimator-dist: error: saving checkpoint model.ckpt-5 failed: ")
+    assert re.search(r"File too large: \S+/model\.ckpt-5\.meta", err), err
+    assert f"the previous checkpoint {tmp_path / 'model.ckpt-0'} is intact" in err
+    assert not [p for p in walk(tmp_path) if os.path.basename(p).startswith("model.ckpt-5")]
+    assert latest_step(tmp_path) == 0
+    assert_resumes(tmp_path, 0)
+
+
+def test_disk_full_writing_a_tfjob_manifest_is_one_line(tmp_path):
+    out = tmp_path / "job.yaml"
+    out.write_text("earlier\n")
+    proc = run([sys.executable, "-m", "estimator_dist", "tfjob", "--name", "j", "--image", "i",
+                "--output", str(out), "--model", "digits"], preexec_fn=fill_disk_at(100))
+    err = one_line_storage_error(proc)
+    assert err.startswith(f"estimator-dist: error: writing {out} failed: ")
+    assert f"the earlier {out} is unchanged" in err
+    assert out.read_text() == "earlier\n" and os.listdir(tmp_path) == ["job.yaml"]
+
+
+def test_write_file_keeps_the_earlier_file_and_leaves_no_temp(tmp_path):
+    """config.yaml, --summary_json, the state file, report, predict and tfjob outputs."""
+    path = tmp_path / "summary.json"
+    path.write_text("earlier")
+
+    def fails(error):
+        def write(tmp):
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write("partial")
+            raise error
+
+        return write
+
+    full = OSError(errno.ENOSPC, "No space left on device", f"{path}.tmp")
+    with pytest.raises(StorageError, match=rf"^writing {path} failed: the disk is full \(No space "
+                                           rf"left on device: {path}.tmp\); the earlier {path} is "
+                                           rf"unchanged; free space"):
+        files.write_file(str(path), fails(full))
+    with pytest.raises(ValueError, match="not a disk problem"):
+        files.write_file(str(path), fails(ValueError("not a disk problem")))
+    assert path.read_text() == "earlier" and os.listdir(tmp_path) == ["summary.json"]
+    files.write_text(str(path), "new")
+    assert path.read_text() == "new" and os.listdir(tmp_path) == ["summary.json"]
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o000])

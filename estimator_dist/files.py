@@ -1,0 +1,82 @@
+"""Whole-or-nothing file writes, and the one-line error of a full disk.
+
+Every small file the project writes (config.yaml, --summary_json, the
+checkpoint state file, the evaluator's end marker, report.csv/png, predict's
+CSV, a TFJob manifest) goes through `write_file`: a temp file next to it, then
+a rename. A failed write leaves the earlier file as it was and no temp file;
+a full disk, a file-size limit, a quota or a read-only file system becomes a
+StorageError (one line, exit code 5) naming the file. No TensorFlow import:
+the launcher and config code use it too.
+"""
+import contextlib
+import errno
+import os
+import re
+from typing import Callable, Optional
+
+from estimator_dist.errors import StorageError
+
+# How the OS errors of a full disk read, also once TensorFlow has turned them into OpErrors.
+REASONS = {"File too large": "a file hit the file-size limit (RLIMIT_FSIZE / ulimit -f)",
+           "No space left on device": "the disk is full",
+           "Disk quota exceeded": "the disk quota is used up",
+           "Read-only file system": "the file system is read-only"}
+ERRNOS = {errno.EFBIG: "File too large", errno.ENOSPC: "No space left on device",
+          errno.EDQUOT: "Disk quota exceeded", errno.EROFS: "Read-only file system"}
+
+
+def reason_in(error: BaseException) -> Optional[str]:
+    """The full-disk reason `error` carries (its errno, else its text), or None."""
+    if isinstance(error, OSError) and error.errno in ERRNOS:
+        return ERRNOS[error.errno]
+    text = getattr(error, "message", None) or str(error)
+    return next((reason for reason in REASONS if reason in text), None)
+
+
+def _where(error: BaseException) -> str:
+    """The file the error names: OSError.filename, or TensorFlow's "<path>; File too large"."""
+    if isinstance(error, OSError) and error.filename:
+        return str(error.filename)
+    text = getattr(error, "message", None) or str(error)
+    found = re.search(r"(/[^\s;]+)\s*;\s*(?:" + "|".join(REASONS) + ")", text)
+    if not found:
+        return ""
+    # TensorFlow writes through "<file>.tempstate<N>"; name the file being written.
+    return re.sub(r"\.tempstate\d+$", "", found.group(1))
+
+
+def storage_error(error: BaseException, what: str, kept: str) -> StorageError:
+    reason = reason_in(error) or "write failed"
+    where = _where(error)
+    return StorageError(f"{what} failed: {REASONS.get(reason, reason)} ({reason}"
+                        f"{': ' + where if where else ''}); {kept}; free space (or raise the "
+                        f"limit) and rerun")
+
+
+def write_file(path: str, write: Callable[[str], None], temp_suffix: str = ".tmp"):
+    """`write(temp_path)` then rename it to `path`: `path` is whole or as it was before.
+
+    On any failure the temp file is removed; a full disk (see REASONS) raises
+    StorageError. `temp_suffix` keeps an extension some writers need (".tmp.png").
+    """
+    tmp = path + temp_suffix
+    existed = os.path.exists(path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if isinstance(e, OSError) and reason_in(e):
+            kept = f"the earlier {path} is unchanged" if existed else f"no {path} was left"
+            raise storage_error(e, f"writing {path}", kept) from None
+        raise
+
+
+def write_text(path: str, text: str):
+    """write_file for a text file."""
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    write_file(path, write)

@@ -4,7 +4,8 @@ TF 2.15 fails silently here (measured): a garbage `checkpoint` state file, or
 none at all next to model.ckpt-N files, makes training restart from step 0 (an
 empty one raises a bare ValueError); a variable whose shape changed restores
 without error; a variable removed from the model is silently dropped. These
-checks run before the first training step and before anything is written.
+checks run before the first training step and before anything is written;
+evaluate and export run them (against the PREDICT graph) before restoring.
 """
 import inspect
 import os
@@ -27,6 +28,9 @@ TEMP_RE = re.compile(r"^model\.ckpt-\d+_temp$")
 SLOT_SUFFIXES = ("/Momentum", "/Adam", "/Adam_1", "/RMSProp", "/RMSProp_1", "/Adagrad")
 SLOT_NAMES = ("beta1_power", "beta2_power")
 SHOWN = 6  # names listed in one error line before "and N more"
+SHAPES_SHOWN = 3  # shape differences spelled out in one error line
+# Builds the model's graph and returns its variables, {name: shape}.
+Variables = Callable[[], Mapping[str, List[int]]]
 
 
 def complete_checkpoints(model_dir: str) -> Dict[int, str]:
@@ -147,13 +151,22 @@ def _names(names: List[str]) -> str:
     return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
 
 
-def compare(model: Mapping[str, List[int]], checkpoint: Mapping[str, List[int]]) -> List[str]:
-    """Differences between the model's variables and a checkpoint's, one phrase each."""
+def compare(model: Mapping[str, List[int]], checkpoint: Mapping[str, List[int]],
+            extras: bool = True) -> List[str]:
+    """Differences between the model's variables and a checkpoint's, one phrase each.
+
+    The first SHAPES_SHOWN shape differences, in the order the model's graph
+    creates them, are spelled out. extras: variables only the checkpoint has
+    are a difference (training; a PREDICT graph lacks the training-only ones,
+    so evaluate/export pass False).
+    """
+    changed = [n for n in model if n in checkpoint and list(model[n]) != list(checkpoint[n])]
     problems = [f"'{n}' is {list(checkpoint[n])} in the checkpoint but {list(model[n])} in the model"
-                for n in sorted(set(model) & set(checkpoint))
-                if list(model[n]) != list(checkpoint[n])]
+                for n in changed[:SHAPES_SHOWN]]
+    if len(changed) > SHAPES_SHOWN:
+        problems.append(f"{len(changed) - SHAPES_SHOWN} more variables differ in shape")
     missing = sorted(set(model) - set(checkpoint))
-    extra = sorted(n for n in set(checkpoint) - set(model) if not _is_slot(n))
+    extra = sorted(n for n in set(checkpoint) - set(model) if not _is_slot(n)) if extras else []
     if missing:
         problems.append(f"the model has {_names(missing)} that the checkpoint lacks")
     if extra:
@@ -162,37 +175,60 @@ def compare(model: Mapping[str, List[int]], checkpoint: Mapping[str, List[int]])
 
 
 def check_matches(model: Mapping[str, List[int]], checkpoint: Mapping[str, List[int]],
-                  prefix: str):
-    """UserError before any training step when the checkpoint does not fit the model."""
-    problems = compare(model, checkpoint)
-    if problems:
-        raise UserError(f"checkpoint {prefix} does not match the model: {'; '.join(problems)}; "
-                        f"use the hparams it was trained with (see "
-                        f"{os.path.join(os.path.dirname(prefix), 'config.yaml')}), or train into a "
-                        f"new --model_dir (--warm_start_from {prefix} --warm_start_vars REGEX "
-                        f"takes over the variables that still fit)")
+                  prefix: str, training: bool = True, model_dir: str = ""):
+    """UserError, before anything runs or is written, when the checkpoint does not fit the model.
+
+    training: before a training step (every difference counts). False: before
+    evaluate/export restore it into a PREDICT graph, where checkpoint-only
+    variables (optimizer slots, accumulators) are expected; the message then
+    names the likely cause, a model_fn or hparams changed since it was written.
+    model_dir: whose config.yaml holds the hparams (default: the checkpoint's dir).
+    """
+    problems = compare(model, checkpoint, extras=training)
+    if not problems:
+        return
+    config = os.path.join(model_dir or os.path.dirname(prefix), "config.yaml")
+    if training:
+        fix = (f"use the hparams it was trained with (see {config}), or train into a new "
+               f"--model_dir (--warm_start_from {prefix} --warm_start_vars REGEX takes over the "
+               f"variables that still fit)")
+    else:
+        fix = (f"the model_fn or the hparams in {config} changed since it was written: restore "
+               f"the model code and hparams it was trained with, or train into a new --model_dir "
+               f"with --warm_start_from {prefix} --warm_start_vars REGEX")
+    raise UserError(f"checkpoint {prefix} does not match the model: {'; '.join(problems)}; {fix}")
 
 
-def model_variables(model_fn, input_fn, params, run_config=None) -> Dict[str, List[int]]:
-    """{name: shape} of the variables a TRAIN graph of model_fn saves, built in a scratch graph.
+def model_variables(model_fn, input_fn, params, run_config=None,
+                    mode: str = tf.estimator.ModeKeys.TRAIN) -> Dict[str, List[int]]:
+    """{name: shape} of the variables a `mode` graph of model_fn holds, built in a scratch graph.
 
     No session runs: only the graph is built, as Estimator builds it (global
     step first, then input_fn, then model_fn with the arguments it takes).
+    input_fn: an Estimator input_fn, or (PREDICT) a serving_input_receiver_fn.
+    A TRAIN graph holds what training saves; a PREDICT graph what export and
+    evaluate restore.
     """
     with tf.Graph().as_default():
         tf.compat.v1.train.get_or_create_global_step()
-        result = input_fn()
-        if isinstance(result, tf.data.Dataset):
-            result = tf.compat.v1.data.make_initializable_iterator(result).get_next()
-        features, labels = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
+        features, labels = _features_labels(input_fn())
         takes = set(inspect.signature(model_fn).parameters)
-        given = {"features": features, "labels": labels, "mode": tf.estimator.ModeKeys.TRAIN,
+        given = {"features": features, "labels": labels, "mode": mode,
                  "params": params, "config": run_config or tf.estimator.RunConfig()}
         model_fn(**{k: v for k, v in given.items() if k in takes})
         return {v.op.name: v.shape.as_list() for v in tf.compat.v1.global_variables()}
 
 
-def check_resume(model_dir: str, variables: Callable[[], Mapping[str, List[int]]],
+def _features_labels(result):
+    """(features, labels) from what an input_fn or a serving_input_receiver_fn returns."""
+    if isinstance(result, tf.estimator.export.ServingInputReceiver):
+        return result.features, None
+    if isinstance(result, tf.data.Dataset):
+        result = tf.compat.v1.data.make_initializable_iterator(result).get_next()
+    return result if isinstance(result, tuple) and len(result) == 2 else (result, None)
+
+
+def check_resume(model_dir: str, variables: Variables,
                  say=print, repair: bool = True) -> Optional[str]:
     """Before training: the checkpoint it will resume from, checked; None for a fresh start.
 
@@ -217,13 +253,25 @@ def check_resume(model_dir: str, variables: Callable[[], Mapping[str, List[int]]
     return latest
 
 
-def latest_readable(model_dir: str) -> Optional[str]:
-    """For evaluate/export: the latest checkpoint, verified whole; None if there is none.
+def check_restore(prefix: str, model_dir: str, variables: Optional[Variables] = None) -> str:
+    """For evaluate/export: `prefix` read back whole and, given `variables`, fitting the model.
+
+    variables: returns the {name: shape} of the PREDICT graph the checkpoint is
+    restored into. TF 2.15 restores a changed shape without error (export then
+    writes a SavedModel whose graph disagrees with its variables) or fails deep
+    inside the run; this refuses first, before anything is written.
+    """
+    checkpoint = verify_readable(prefix)
+    if variables is not None:
+        check_matches(variables(), checkpoint, prefix, training=False, model_dir=model_dir)
+    return prefix
+
+
+def latest_readable(model_dir: str, variables: Optional[Variables] = None) -> Optional[str]:
+    """For evaluate/export: the latest checkpoint, checked (check_restore); None if there is none.
 
     Read-only: an unusable state file is worked around (the newest complete
     model.ckpt-N is used), never rewritten.
     """
     latest, _ = find_latest(model_dir)
-    if latest is not None:
-        verify_readable(latest)
-    return latest
+    return check_restore(latest, model_dir, variables) if latest is not None else None

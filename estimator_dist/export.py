@@ -1,7 +1,7 @@
 """SavedModel export: serving signatures over raw feature tensors, exporters, export-from-dir."""
 import os
 import re
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional
 
 import tensorflow as tf
 
@@ -104,22 +104,35 @@ def as_text(path) -> str:
     return path.decode() if isinstance(path, bytes) else str(path)
 
 
-def resolve_checkpoint(model_dir: str, checkpoint: str = "") -> str:
+def predict_variables(model_fn, serving_features: Mapping[str, Any],
+                      params) -> checkpoints.Variables:
+    """A function building the graph export restores into; it returns that graph's {name: shape}.
+
+    The PREDICT graph export builds (global step, serving placeholders,
+    model_fn): it needs no data, and has none of the training-only variables
+    (optimizer slots, accumulators) a checkpoint also holds.
+    """
+    return lambda: checkpoints.model_variables(model_fn, serving_input_fn(serving_features), params,
+                                               mode=tf.estimator.ModeKeys.PREDICT)
+
+
+def resolve_checkpoint(model_dir: str, checkpoint: str = "",
+                       variables: Optional[checkpoints.Variables] = None) -> str:
     """A named checkpoint (path or model.ckpt-N in model_dir) or the latest, read back whole.
 
-    Refuses when there is none (TensorFlow would silently use random weights) or
-    when it is damaged; an unusable `checkpoint` state file is worked around
-    read-only (checkpoints.find_latest).
+    Refuses when there is none (TensorFlow would silently use random weights),
+    when it is damaged, or when it does not fit `variables()`, the PREDICT
+    graph it is to be restored into (checkpoints.check_restore). An unusable
+    `checkpoint` state file is worked around read-only (checkpoints.find_latest).
     """
     if checkpoint:
         candidates = [checkpoint, os.path.join(model_dir, checkpoint)]
         for path in candidates:
             if tf.compat.v1.train.checkpoint_exists(path):
-                checkpoints.verify_readable(path)
-                return path
+                return checkpoints.check_restore(path, model_dir, variables)
         raise UserError(f"--checkpoint {checkpoint}: no such checkpoint (looked at "
                         f"{', '.join(candidates)}); list the model.ckpt-* files in {model_dir}")
-    latest = checkpoints.latest_readable(model_dir)
+    latest = checkpoints.latest_readable(model_dir, variables)
     if not latest:
         raise UserError(f"'{model_dir}' has no checkpoint; train first (estimator-dist train "
                         f"--model_dir {model_dir})")

@@ -555,10 +555,17 @@ def single_device_estimator(p: Plan) -> tf.estimator.Estimator:
     return build_estimator(p, build_run_config(p, strategy=None))
 
 
+def restorable_checkpoint(p: Plan, checkpoint: str) -> str:
+    """For evaluate/export: the named or latest checkpoint, read back whole, fitting the model."""
+    variables = export_lib.predict_variables(build_model_fn(p), p.input_meta["serving_features"],
+                                             p.params())
+    return export_lib.resolve_checkpoint(p.model_dir, checkpoint, variables)
+
+
 def evaluate(config: config_lib.Config, checkpoint: str = "") -> Dict[str, Any]:
-    """Evaluate a named or the latest checkpoint; refuses when there is none."""
+    """Evaluate a named or the latest checkpoint; refuses when there is none or it does not fit."""
     p = plan(config)
-    path = export_lib.resolve_checkpoint(p.model_dir, checkpoint)
+    path = restorable_checkpoint(p, checkpoint)
     estimator = single_device_estimator(p)
     metrics = estimator.evaluate(make_input_fn(p, tf.estimator.ModeKeys.EVAL),
                                  steps=config.train.eval_steps or None, checkpoint_path=path,
@@ -568,8 +575,8 @@ def evaluate(config: config_lib.Config, checkpoint: str = "") -> Dict[str, Any]:
 
 def export(config: config_lib.Config, input_meta: Dict[str, Any], export_base: str,
            checkpoint: str = "") -> str:
-    """Export a SavedModel from a checkpoint on one CPU; no data needed."""
+    """Export a SavedModel from a checkpoint on one CPU; no data needed. Refuses as evaluate does."""
     p = plan(config, input_meta=input_meta)
-    path = export_lib.resolve_checkpoint(p.model_dir, checkpoint)
+    path = restorable_checkpoint(p, checkpoint)
     return export_lib.export_saved_model(single_device_estimator(p), input_meta["serving_features"],
                                          export_base, path)

@@ -15,6 +15,7 @@ import guard_models  # noqa: F401 - registers guard_mlp
 import tiny_models
 from conftest import make_config
 from estimator_dist import checkpoints
+from estimator_dist import export as export_lib
 from estimator_dist import runner
 from estimator_dist.cli import main
 from estimator_dist.errors import UserError
@@ -124,6 +125,56 @@ def test_optimizer_slots_left_by_another_optimizer_are_no_mismatch(tmp_path):
     train(model_dir, 5, ("optimizer=momentum",))
     summary, _ = train(model_dir, 7, ("optimizer=sgd",))
     assert summary["start_step"] == 5 and summary["global_step"] == 7
+
+
+def set_hparam(model_dir, line, changed):
+    config = model_dir / "config.yaml"
+    text = config.read_text()
+    assert f"  {line}\n" in text
+    config.write_text(text.replace(f"  {line}\n", f"  {changed}\n"))
+
+
+EDITED = [
+    # (hparam line in config.yaml, edited to, fragments of the message)
+    ("units: 8", "units: 16", ["'hidden/kernel' is [6, 8] in the checkpoint but [6, 16] in the model",
+                               "'logits/kernel' is [8, 3] in the checkpoint but [16, 3]"]),
+    ("extra_layer: false", "extra_layer: true",
+     ["the model has 'extra/bias', 'extra/kernel' that the checkpoint lacks"]),
+]
+
+
+@pytest.mark.parametrize("line,changed,fragments", EDITED, ids=["shape", "added"])
+def test_evaluate_and_export_refuse_a_model_changed_since_the_checkpoint(line, changed, fragments,
+                                                                         model_dir, capsys):
+    """TF restores a changed shape silently (export exits 0, broken) or fails with a traceback."""
+    set_hparam(model_dir, line, changed)
+    before = snapshot(model_dir)
+    for command, checkpoint in (("evaluate", "model.ckpt-10"), ("export", "model.ckpt-5")):
+        flags = ["--checkpoint", checkpoint] if command == "export" else []
+        assert main([command, "--model_dir", str(model_dir)] + flags) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("estimator-dist: error: checkpoint "), err
+        assert f"checkpoint {model_dir / checkpoint} does not match the model: " in err
+        for fragment in fragments + [f"the hparams in {model_dir / 'config.yaml'} changed",
+                                     f"--warm_start_from {model_dir / checkpoint} --warm_start_vars"]:
+            assert fragment in err, err
+    assert snapshot(model_dir) == before
+    assert not (model_dir / "export").exists()
+
+
+@pytest.mark.parametrize("strategy", ["none", "tower"])
+def test_evaluate_and_export_restore_an_unchanged_model_dir(strategy, trained, tmp_path, capsys):
+    """No false refusal; the tower run's checkpoint also holds Momentum slots the PREDICT graph lacks."""
+    model_dir = tmp_path / "run"
+    if strategy == "none":
+        shutil.copytree(trained, model_dir)
+    else:
+        train(model_dir, 2, ("optimizer=momentum",), strategy="tower", num_devices=2,
+              accumulate_steps=2)
+    assert main(["evaluate", "--model_dir", str(model_dir)]) == 0
+    assert "global_step" in capsys.readouterr().out
+    assert main(["export", "--model_dir", str(model_dir)]) == 0
+    assert capsys.readouterr().out.strip() == str(export_lib.export_paths(str(model_dir))[-1])
 
 
 def truncate(path):

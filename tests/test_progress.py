@@ -2,6 +2,7 @@
 import glob
 
 import tensorflow as tf
+from tensorflow.python.training import training_util
 
 from estimator_dist.hooks import ProgressHook
 
@@ -36,10 +37,13 @@ def run_steps(hook, max_steps, increment=1, summary_dir=None):
     one: as if other workers stepped too) until max_steps."""
     with tf.Graph().as_default():
         step = tf.compat.v1.train.get_or_create_global_step()
+        # As Estimator builds it: the step StopAtStepHook fetches is read before the update
+        # (without this the read and the assign race, and the hook stops a run early or late).
+        step_read = training_util._get_or_create_global_step_read()  # pylint: disable=protected-access
         weight = tf.compat.v1.get_variable("w", [], initializer=tf.compat.v1.ones_initializer())
         loss = tf.identity(weight * 2.0, name="loss_value")
         tf.compat.v1.summary.scalar("loss", loss)
-        with tf.control_dependencies([loss]):  # the loss a run shows is before its update
+        with tf.control_dependencies([loss, step_read]):  # a run shows the loss before its update
             train_op = tf.group(tf.compat.v1.assign_add(step, increment), weight.assign_add(1.0))
         hooks = [hook, tf.compat.v1.train.StopAtStepHook(last_step=max_steps)]
         with tf.compat.v1.train.MonitoredSession(hooks=hooks) as session:
@@ -66,9 +70,11 @@ def test_steps_other_workers_add_are_caught_up_and_the_final_step_shown():
     lines = []
     hook = ProgressHook(8, 20, every_n=5, emit=lines.append)
     runs = run_steps(hook, 20, increment=3)  # this task counts 1 a run; the step moves by 3
-    assert runs == 7
+    # StopAtStepHook counts +1 from the step read before each run's update: it sees 18 + 1
+    # after run 7 (the step is 21 by then) and stops after run 8.
+    assert runs == 8
     shown = [int(line.split()[1].split("/")[0]) for line in lines]
-    assert shown[-1] == 21  # the step training really ended at, printed by end()
+    assert shown[-1] == 24  # the step training really ended at, printed by end()
     assert shown == sorted(shown) and all(s % 3 == 0 for s in shown)
 
 

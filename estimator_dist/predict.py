@@ -55,12 +55,15 @@ def read_npy(path: str, specs) -> Dict[str, np.ndarray]:
     except (ValueError, OSError) as e:
         raise UserError(f"--input {path}: not a readable .npy array ({e})") from None
     shape = _feature_shape(spec)
-    try:
-        array = array.reshape([-1] + shape)
-    except ValueError:
-        raise UserError(f"--input {path}: array of shape {array.shape} does not fit feature "
-                        f"'{name}' of shape [N, {', '.join(map(str, shape))}]") from None
-    return {name: array.astype(spec.dtype.as_numpy_dtype)}
+    flat = array.ndim == 2 and array.shape[1] == int(np.prod(shape))  # one example per row
+    if list(array.shape[1:]) != shape and not flat:
+        raise UserError(f"--input {path}: array of shape {list(array.shape)} does not fit feature "
+                        f"'{name}' of shape [N, {', '.join(map(str, shape))}] (or [N, "
+                        f"{int(np.prod(shape))}], one flattened example per row)")
+    if array.dtype.kind not in "biuf":
+        raise UserError(f"--input {path}: array of dtype {array.dtype}; feature '{name}' takes "
+                        f"{spec.dtype.name} numbers (save a real-valued array)")
+    return {name: array.reshape([-1] + shape).astype(spec.dtype.as_numpy_dtype)}
 
 
 def _numeric(frame, column, path):

@@ -115,6 +115,23 @@ def test_cli_export_and_predict_csv(trained_digits, tmp_path, capsys):
     assert list(frame["class_ids"]) == list(direct)  # same rows, input order kept
 
 
+def test_cli_predict_refuses_an_array_of_the_wrong_shape_or_dtype(trained_digits, tmp_path, capsys):
+    """4 examples of 8x8x3 used to be reshaped silently into 12 of 8x8x1."""
+    model_dir, _ = trained_digits
+    cases = {"rgb.npy": (np.zeros((4, 8, 8, 3), np.float32), "array of shape [4, 8, 8, 3] does "
+                         "not fit feature 'image' of shape [N, 8, 8, 1]"),
+             "text.npy": (np.array([["a"] * 64] * 2), "array of dtype <U1; feature 'image' takes "
+                          "float32 numbers")}
+    for name, (array, message) in cases.items():
+        np.save(tmp_path / name, array)
+        assert main(["predict", "--saved_model", str(model_dir), "--input", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"estimator-dist: error: --input {tmp_path / name}: {message}"), err
+    np.save(tmp_path / "flat.npy", np.zeros((3, 64), np.float32))  # one flattened example per row
+    assert main(["predict", "--saved_model", str(model_dir), "--input", str(tmp_path / "flat.npy")]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 1 + 3
+
+
 def test_cli_evaluate_named_checkpoint(trained_digits, capsys):
     model_dir, _ = trained_digits
     assert main(["evaluate", "--model_dir", str(model_dir), "--checkpoint", "model.ckpt-60"]) == 0

@@ -1,5 +1,6 @@
 """`estimator-dist` command line: parse arguments, call one function, map errors to exit codes."""
 import argparse
+import difflib
 import os
 import sys
 
@@ -82,13 +83,32 @@ def _add_cluster_shape(p):
     p.add_argument("--evaluator", action="store_true", help="add an evaluator task (it exports)")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (with the fix) instead of the usage text."""
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message}; see '{self.prog} --help'", file=sys.stderr)
+        sys.exit(errors.EXIT_USER)
+
+    def unrecognized(self, rest):
+        """Exit with one line naming the unknown arguments and the closest known flags."""
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        hints = []
+        for arg in rest:
+            name = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(name, known, n=1)
+            if close:
+                hints.append(f"{close[0]} for {name}")
+        self.error(f"unrecognized arguments: {' '.join(rest)}"
+                   + (f" (did you mean {', '.join(hints)}?)" if hints else ""))
+
+
 # Subcommands that pass the flags they do not know on to `train`.
 PASS_THROUGH = ("cluster", "tfjob")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="estimator-dist", description="Estimator-based data-parallel training.")
+    parser = Parser(prog="estimator-dist", description="Estimator-based data-parallel training.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -164,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def subcommand(parser: Parser, name: str) -> Parser:
+    """The parser of subcommand `name`."""
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # pylint: disable=protected-access
+    return actions[0].choices[name]
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -171,7 +197,7 @@ def main(argv=None) -> int:
         args.train_args = rest
         args.verbose = "--verbose" in rest
     elif rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        subcommand(parser, args.command).unrecognized(rest)
     # oneDNN kernels: ResNet-20 trains ~1.8x faster on CPUs where TensorFlow leaves them off
     # (measured, README "Performance"). Must be set before TensorFlow is imported; =0 opts out.
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
@@ -182,11 +208,10 @@ def main(argv=None) -> int:
 
     try:
         return commands.run(args.command, args) or errors.EXIT_OK
-    except (OSError, IndexError) as e:  # a write with no guard of its own hit a full disk
-        # (IndexError: TensorFlow's OUT_OF_RANGE, e.g. a TensorBoard events file too large)
-        if not files.reason_in(e):
+    except (OSError, IndexError) as e:
+        error = unguarded_os_error(e)
+        if error is None:
             raise
-        error = files.storage_error(e, "writing a file", "the command stopped there")
         print(f"estimator-dist: {error.label}: {error}", file=sys.stderr)
         return error.exit_code
     except errors.ReportedError as e:
@@ -195,6 +220,21 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("estimator-dist: interrupted", file=sys.stderr)
         return errors.EXIT_INTERRUPTED
+
+
+def unguarded_os_error(e: BaseException):
+    """A ReportedError for an OS error no check caught earlier, or None (a real bug: traceback).
+
+    A full disk (IndexError: TensorFlow's OUT_OF_RANGE, e.g. a TensorBoard events file too
+    large) is a StorageError; a path that is a file where a directory is needed, a directory
+    where a file is, or under a missing directory is a UserError naming it.
+    """
+    if files.reason_in(e):
+        return files.storage_error(e, "writing a file", "the command stopped there")
+    if isinstance(e, OSError) and e.filename:
+        return errors.UserError(f"{e.filename}: {e.strerror or e}; check the paths given "
+                                f"(--model_dir, --output, --output_dir, --summary_json, ...)")
+    return None
 
 
 if __name__ == "__main__":

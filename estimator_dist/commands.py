@@ -140,6 +140,13 @@ COMMANDS = {"bench": bench, "report": report, "train": train, "evaluate": evalua
             "list": list_registered, "cluster": cluster, "tfjob": tfjob}
 
 
+# Commands whose --import is imported here, before they run: evaluate and export also
+# import what the model_dir's config.yaml names; predict and report may need custom ops.
+IMPORT_FIRST = ("evaluate", "export", "predict", "report")
+
+
 def run(name: str, args):
     storage.forbid_world_writable()
+    if name in IMPORT_FIRST:
+        runner.import_user_modules(getattr(args, "imports", ()))
     return COMMANDS[name](args)

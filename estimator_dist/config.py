@@ -165,6 +165,8 @@ def parse_scalar(key, text, expected):
 
 def load_yaml(path: str) -> Dict[str, Any]:
     """Read a config file; a malformed one is a UserError naming the file and line."""
+    if os.path.isdir(path):
+        raise UserError(f"config file '{path}' is a directory; give the YAML file itself")
     if not os.path.isfile(path):
         raise UserError(f"config file '{path}' does not exist; check the --config path")
     try:
@@ -268,6 +270,7 @@ def validate(config: Config):
             f"--eval_every {t.eval_every} and --save_checkpoints_steps {t.save_checkpoints_steps} "
             f"differ; Estimator evaluates after every checkpoint, so give one of them")
     _validate_workflow(t)
+    _validate_paths(t)
     d = config.distribute
     if d.num_devices < 0:
         raise UserError(f"--num_devices {d.num_devices}: must be >= 0 (0 = auto)")
@@ -315,6 +318,31 @@ def _validate_workflow(t: "TrainConfig"):
     except re.error as e:
         raise UserError(f"--warm_start_vars {t.warm_start_vars!r}: not a regular expression "
                         f"({e})") from None
+
+
+def _validate_paths(t: "TrainConfig"):
+    """--model_dir must be (or can become) a directory, --summary_json a file in one."""
+    if t.model_dir:
+        blocker = _existing_ancestor(t.model_dir)
+        if not os.path.isdir(blocker):
+            raise UserError(f"--model_dir {t.model_dir}: {blocker} is a file, not a directory; "
+                            f"give a directory path (it is created if missing)")
+    if t.summary_json:
+        parent = os.path.dirname(os.path.abspath(t.summary_json))
+        if os.path.isdir(t.summary_json):
+            raise UserError(f"--summary_json {t.summary_json}: is a directory; give a file path "
+                            f"such as {os.path.join(t.summary_json, 'summary.json')}")
+        if not os.path.isdir(parent):
+            raise UserError(f"--summary_json {t.summary_json}: its directory {parent} does not "
+                            f"exist; create it or give another path")
+
+
+def _existing_ancestor(path: str) -> str:
+    """`path` itself if it exists, else its nearest existing parent."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def checkpoint_every(config: Config) -> int:

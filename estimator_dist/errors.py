@@ -20,6 +20,10 @@ class ReportedError(Exception):
 
     exit_code = EXIT_INTERNAL
     label = "error"
+    # Raised inside a tf.function (a model_fn under a tf.distribute strategy), TensorFlow's
+    # autograph would re-raise it with an "in user code:" stack in its message; this
+    # attribute makes it pass through unchanged.
+    ag_pass_through = True
 
 
 class UserError(ReportedError):

@@ -9,6 +9,7 @@ import importlib
 import inspect
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -17,6 +18,7 @@ from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
+from estimator_dist import checkpoints as checkpoints_lib
 from estimator_dist import cluster as cluster_lib
 from estimator_dist import config as config_lib
 from estimator_dist import devices as devices_lib
@@ -51,8 +53,15 @@ def import_user_modules(modules):
         try:
             importlib.import_module(name)
         except ImportError as e:
+            if e.name and e.name != name and not name.startswith(e.name + "."):
+                raise UserError(f"--import {name}: it imports '{e.name}', which is missing "
+                                f"({e}); install that package") from None
             raise UserError(f"--import {name}: cannot import it ({e}); is it on PYTHONPATH "
                             f"(run from its parent directory or pip install it)?") from None
+        except Exception as e:  # noqa: BLE001 - the module's own code failed on import
+            raise UserError(f"--import {name}: importing it failed: {type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''}; fix the "
+                            f"module (run 'python -c \"import {name}\"' to see the traceback)") from None
 
 
 @dataclass(frozen=True)
@@ -205,7 +214,26 @@ def build_model_fn(p: Plan):
             model_fn, p.model.name, devices=tower_devices,
             variable_device=strategies.variable_device(d.strategy, d.variable_device, p.devices),
             accumulate_steps=d.accumulate_steps)
-    return precision.wrap_model_fn(model_fn, p.config.compute.mixed_precision, p.model.name)
+    model_fn = precision.wrap_model_fn(model_fn, p.config.compute.mixed_precision, p.model.name)
+    return reported_build_errors(model_fn, p.model.name)
+
+
+def reported_build_errors(model_fn, name: str):
+    """A model_fn whose graph-building ValueError/TypeError/KeyError (a bad hparam value TF
+    refuses, a feature the input does not give) is one line; --verbose keeps the traceback."""
+    def call(mode, build):
+        try:
+            return build()
+        except (ValueError, TypeError, KeyError) as e:
+            if not quiet.is_quiet():
+                raise
+            text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise UserError(f"model '{name}' could not build its {mode or ''} graph: "
+                            f"{type(e).__name__}: {text[:300]}; check its hparams (--set, "
+                            f"config.yaml; 'estimator-dist list') and that the input gives the "
+                            f"features it reads (--input); --verbose shows the traceback") from None
+
+    return model_fn_wrap.around(model_fn, call)
 
 
 def seeded(model_fn, seed: int):
@@ -452,8 +480,23 @@ def reports_summary(p: Plan) -> bool:
 
 
 def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
-    """Train and evaluate as configured (this process's part of a cluster); returns the summary."""
+    """Train and evaluate as configured (this process's part of a cluster); returns the summary.
+
+    A run refused (UserError) before its first checkpoint leaves no model_dir it created.
+    """
     p = plan(config)
+    created = p.writes_run_files and not os.path.exists(p.model_dir)
+    try:
+        return _train(p, out)
+    except UserError:
+        if created and os.path.isdir(p.model_dir) and \
+                not checkpoints_lib.complete_checkpoints(p.model_dir):
+            shutil.rmtree(p.model_dir, ignore_errors=True)
+        raise
+
+
+def _train(p: Plan, out) -> Dict[str, Any]:
+    config = p.config
     if p.cluster:
         cluster_lib.apply(p.cluster)
     say = out if p.role in ("local", "chief", "evaluator") else silent

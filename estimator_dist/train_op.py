@@ -8,6 +8,7 @@ import math
 
 import tensorflow as tf
 
+from estimator_dist import hparam_checks
 from estimator_dist import numerics
 from estimator_dist.errors import UserError
 
@@ -36,7 +37,9 @@ class minimize_handler:  # noqa: N801 - used as a context manager, reads like a 
 
 def learning_rate(params, global_step=None):
     """The learning-rate tensor for this step from params."""
-    base = float(params.get("learning_rate", 0.1)) * float(params.get("lr_scale", 1.0))
+    rate = hparam_checks.non_negative_number(params, "learning_rate", 0.1) \
+        if "learning_rate" in params else 0.1
+    base = rate * float(params.get("lr_scale", 1.0))
     schedule = params.get("lr_schedule", "constant")
     if schedule not in LR_SCHEDULES:
         raise UserError(f"lr_schedule '{schedule}' is not one of {', '.join(LR_SCHEDULES)}; "
@@ -63,7 +66,8 @@ def make_optimizer(params, lr=None):
     if name == "sgd":
         return tf.compat.v1.train.GradientDescentOptimizer(lr)
     if name == "momentum":
-        return tf.compat.v1.train.MomentumOptimizer(lr, float(params.get("momentum", 0.9)))
+        momentum = hparam_checks.fraction(params, "momentum", 0.9) if "momentum" in params else 0.9
+        return tf.compat.v1.train.MomentumOptimizer(lr, momentum)
     if name == "adam":
         return tf.compat.v1.train.AdamOptimizer(lr)
     if name == "rmsprop":

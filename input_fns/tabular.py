@@ -83,7 +83,7 @@ def _resolve_path(params) -> str:
             return candidate
         if os.path.isdir(candidate):
             raise UserError(f"data_path '{candidate}' is a directory; give the CSV file itself")
-    raise UserError(f"data file not found: {' or '.join(repr(t) for t in tried)}; fix --set data_path=... "
+    raise UserError(f"data file not found: {' or '.join(repr(t) for t in tried)}; fix --data_path PATH "
                     f"(leave it empty for the built-in breast cancer data)")
 
 
@@ -228,11 +228,11 @@ def _label_column(params, table: Table) -> str:
     if not label:
         if params.get("data_path") and not params.get("synthetic"):
             raise UserError(f"label_column is required with data_path '{params['data_path']}'; "
-                            f"columns: {', '.join(table.columns)}; set --set label_column=NAME")
+                            f"columns: {', '.join(table.columns)}; set --label_column NAME")
         label = DEFAULT_LABEL
     if label not in table.values:
         raise UserError(f"label column '{label}' is not in {table.source}; columns: "
-                        f"{', '.join(table.columns)}; fix --set label_column=NAME")
+                        f"{', '.join(table.columns)}; fix --label_column NAME")
     return label
 
 

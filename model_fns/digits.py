@@ -1,6 +1,7 @@
 """A small CNN for the 8x8 digits, built from tf.keras layers inside a model_fn."""
 import tensorflow as tf
 
+from estimator_dist import hparam_checks
 from estimator_dist.heads import classification_spec
 from estimator_dist.registry import register_model
 
@@ -32,7 +33,9 @@ def build_network(filters: int, dense_units: int, dropout: float, num_classes: i
 )
 def digits_model(features, labels, mode, params):
     """Conv-BN-ReLU x2, max-pool, dense, softmax over 10 digits."""
-    net = build_network(params["filters"], params["dense_units"], params["dropout"],
+    net = build_network(hparam_checks.positive_int(params, "filters", 32),
+                        hparam_checks.positive_int(params, "dense_units", 128),
+                        hparam_checks.fraction(params, "dropout", 0.2),
                         int(params.get("num_classes", 10)))
     training = mode == tf.estimator.ModeKeys.TRAIN
     logits = net(tf.cast(features["image"], tf.float32), training=training)

@@ -45,6 +45,15 @@ BAD = [
     (["--accumulate_steps", "0"], "--accumulate_steps 0: must be >= 1 (1 = apply every batch)"),
     (["--strategy", "central_storage", "--num_devices", "2", "--accumulate_steps", "2"],
      "--accumulate_steps 2 does not work with --strategy central_storage; use one of"),
+    # Refused while the graph is built (after config.yaml is written): nothing may be left.
+    (["--set", "filters=-3"], "filters -3: must be a positive integer; fix it with --set filters=32"),
+    (["--set", "dense_units=0"], "dense_units 0: must be a positive integer"),  # was SIGABRT
+    (["--set", "dropout=1.5"], "dropout 1.5: must be a number in [0, 1); fix it with --set dropout=0.2"),
+    (["--set", "learning_rate=-1"], "learning_rate -1.0: must be a number >= 0"),
+    (["--set", "momentum=1.2"], "momentum 1.2: must be a number in [0, 1)"),
+    (["--set", "optimizer=adamw"], "optimizer 'adamw' is not one of sgd, momentum, adam, rmsprop"),
+    (["--summary_json", "/"], "--summary_json /: is a directory; give a file path"),
+    (["--summary_json", "/no/such/dir/s.json"], "--summary_json /no/such/dir/s.json: its directory"),
 ]
 
 
@@ -78,3 +87,84 @@ def test_console_script_exit_code_and_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert "unknown model 'cifra'" in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["train", "--train_steps", "abc"], "estimator-dist train: error: argument --train_steps: "
+                                        "invalid int value: 'abc'; see 'estimator-dist train --help'"),
+    (["train", "--trian_steps", "5"], "estimator-dist train: error: unrecognized arguments: "
+                                      "--trian_steps 5 (did you mean --train_steps for --trian_steps?)"),
+    (["trian"], "estimator-dist: error: argument COMMAND: invalid choice: 'trian'"),
+    (["predict", "--saved_model", "x"], "estimator-dist predict: error: the following arguments "
+                                        "are required: --input"),
+])
+def test_usage_errors_are_one_line_with_the_fix(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("source,message", [
+    ("def f(:\n    pass\n", "importing it failed: SyntaxError: invalid syntax"),
+    ("raise RuntimeError('boom at import')\n", "importing it failed: RuntimeError: boom at import"),
+    ("import nonexistent_dep_xyz\n", "it imports 'nonexistent_dep_xyz', which is missing"),
+])
+def test_a_module_that_fails_to_import_is_one_line(source, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / "user_mod_under_test.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = run_main(["list", "--import", "user_mod_under_test"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"estimator-dist: error: --import user_mod_under_test: {message}"), err
+
+
+def test_a_model_graph_that_fails_to_build_is_one_line_and_leaves_no_model_dir(tmp_path, capsys):
+    """The digits model_fn reads features['image']; the tabular input has no such feature."""
+    csv = tmp_path / "t.csv"
+    csv.write_text("a,b,y\n1,2,0\n3,4,1\n5,6,0\n7,8,1\n")
+    model_dir = tmp_path / "run"
+    code, _, err = run_main(["train", "--model", "digits", "--input", "tabular", "--data_path",
+                             str(csv), "--label_column", "y", "--model_dir", str(model_dir),
+                             "--train_steps", "2"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("estimator-dist: error: model 'digits' could not build its train graph: "
+                          "KeyError: 'image'; check its hparams"), err
+    assert not model_dir.exists()
+
+
+def test_a_model_dir_that_is_a_file_is_refused(tmp_path, capsys):
+    path = tmp_path / "afile"
+    path.write_text("mine")
+    for model_dir in (path, path / "sub"):
+        code, _, err = run_main(["train", "--model_dir", str(model_dir), "--train_steps", "2"], capsys)
+        assert code == 2 and err == (f"estimator-dist: error: --model_dir {model_dir}: {path} is a "
+                                     f"file, not a directory; give a directory path (it is created "
+                                     f"if missing)\n")
+    assert path.read_text() == "mine"
+
+
+@pytest.mark.parametrize("command", ["evaluate", "export", "report"])
+def test_import_is_honoured_by_the_commands_that_read_a_model_dir(command, tmp_path, capsys):
+    code, _, err = run_main([command, "--model_dir", str(tmp_path), "--import",
+                             "no_such_module_xyz"], capsys)
+    assert code == 2 and err.startswith("estimator-dist: error: --import no_such_module_xyz: "
+                                        "cannot import it"), err
+
+
+def test_a_user_error_raised_inside_a_tf_function_keeps_its_one_line():
+    """A model_fn under a strategy runs in a tf.function: autograph would re-raise the error
+    with an "in user code:" stack as its message (seen in a parameter_server cluster)."""
+    import tensorflow as tf
+
+    from estimator_dist.errors import UserError
+
+    line = "dense_units 0: must be a positive integer; fix it with --set dense_units=128"
+
+    @tf.function
+    def build(x):
+        raise UserError(line)
+
+    with pytest.raises(UserError) as raised:
+        build(tf.constant(1))
+    assert str(raised.value) == line

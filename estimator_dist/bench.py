@@ -297,7 +297,8 @@ def options_from_args(args) -> Options:
     return Options(
         output_dir=args.output_dir, quick=quick,
         rounds=1 if args.rounds is None else args.rounds, models=models,
-        case_timeout=args.case_timeout or (QUICK_CASE_TIMEOUT_S if quick else CASE_TIMEOUT_S),
+        case_timeout=(QUICK_CASE_TIMEOUT_S if quick else CASE_TIMEOUT_S)
+        if args.case_timeout is None else args.case_timeout,
         only=tuple(c.strip() for c in args.cases.split(",") if c.strip()))
 
 
@@ -541,6 +542,7 @@ def machine_line() -> str:
 def run(options: Options) -> int:
     """Run every case, print the tables, write bench.csv, targets.csv, bench.json, bench.png."""
     check_options(options)
+    rounds = schedule(options)  # an unknown --cases is refused before anything is written
     say = options.emit
     started = time.monotonic()
     out = options.output_dir
@@ -553,7 +555,6 @@ def run(options: Options) -> int:
     settings = QUICK_SETTINGS if options.quick else SETTINGS
     records = 64 if options.quick else REAL_RECORDS_PER_FILE
     cifar_dir = write_cifar_files(os.path.join(work, "cifar10"), records)
-    rounds = schedule(options)
     total = sum(len(g) for r in rounds for g in r)
     say(f"bench: {total} case runs ({len(rounds)} round(s) of {total // len(rounds)}, in "
         f"{len(rounds[0])} interleaved group(s)) on "

@@ -9,6 +9,7 @@ import importlib
 import inspect
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -263,7 +264,13 @@ def warm_start_settings(p: Plan):
         if not latest:
             raise UserError(f"--warm_start_from {source}: the directory holds no checkpoint")
         source = latest
-    return tf.estimator.WarmStartSettings(source, vars_to_warm_start=p.config.train.warm_start_vars)
+    pattern = p.config.train.warm_start_vars
+    names = [name for name, _ in tf.train.list_variables(source)]
+    if not any(re.match(pattern, name) for name in names):
+        raise UserError(f"--warm_start_vars {pattern!r} matches none of the {len(names)} variables "
+                        f"of {source} (e.g. {', '.join(sorted(names)[:3])}); the run would start "
+                        f"from scratch: fix the regex (matched from the start of the name)")
+    return tf.estimator.WarmStartSettings(source, vars_to_warm_start=pattern)
 
 
 def build_estimator(p: Plan, run_config, warm_start=None) -> tf.estimator.Estimator:

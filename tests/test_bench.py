@@ -91,12 +91,18 @@ def test_bad_options_are_user_errors(options, message):
         bench.schedule(options)
 
 
-def test_bad_flag_is_one_line_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "estimator_dist", "bench", "--rounds", "0",
+@pytest.mark.parametrize("flags, message", [
+    (["--rounds", "0"], "estimator-dist: error: --rounds 0: must be >= 1"),
+    (["--case_timeout", "0"], "estimator-dist: error: --case_timeout 0.0: must be > 0"),
+    (["--models", "mlp", "--cases", "projet none"], "estimator-dist: error: --cases projet none: "
+                                                    "matches no case; case names: "),
+])
+def test_bad_flag_is_one_line_exit_2_nothing_written(flags, message, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "estimator_dist", "bench", *flags,
                            "--output_dir", str(tmp_path / "out")],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["estimator-dist: error: --rounds 0: must be >= 1"]
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith(message), proc.stderr
     assert not (tmp_path / "out").exists()
 
 

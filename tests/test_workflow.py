@@ -68,6 +68,13 @@ def test_warm_start_changes_starting_loss_and_respects_regex(tmp_path):
     assert not np.allclose(start.get_tensor("digits_cnn/logits/kernel"),
                            source.get_tensor("digits_cnn/logits/kernel"))
 
+    # A regex that matches nothing would silently start from scratch.
+    with pytest.raises(UserError, match=r"^--warm_start_vars 'digits_cnn/kernel.\*' matches none of "
+                                        r"the \d+ variables of .*model.ckpt-100 \(e.g. "):
+        train(tmp_path / "none", train_steps=1, export="none",
+              warm_start_from=str(tmp_path / "source"), warm_start_vars="digits_cnn/kernel.*")
+    assert not (tmp_path / "none").exists()
+
 
 def new_bests(values):
     best, count = None, 0

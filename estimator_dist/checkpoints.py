@@ -209,14 +209,19 @@ def model_variables(model_fn, input_fn, params, run_config=None,
     A TRAIN graph holds what training saves; a PREDICT graph what export and
     evaluate restore.
     """
+    return in_scratch_graph(model_fn, input_fn, params, mode, run_config, lambda spec: {
+        v.op.name: v.shape.as_list() for v in tf.compat.v1.global_variables()})
+
+
+def in_scratch_graph(model_fn, input_fn, params, mode, run_config, read):
+    """`read(spec)` of model_fn's EstimatorSpec, built in a scratch graph as Estimator builds it."""
     with tf.Graph().as_default():
         tf.compat.v1.train.get_or_create_global_step()
         features, labels = _features_labels(input_fn())
         takes = set(inspect.signature(model_fn).parameters)
         given = {"features": features, "labels": labels, "mode": mode,
                  "params": params, "config": run_config or tf.estimator.RunConfig()}
-        model_fn(**{k: v for k, v in given.items() if k in takes})
-        return {v.op.name: v.shape.as_list() for v in tf.compat.v1.global_variables()}
+        return read(model_fn(**{k: v for k, v in given.items() if k in takes}))
 
 
 def _features_labels(result):

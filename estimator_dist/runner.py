@@ -254,6 +254,27 @@ def seeded(model_fn, seed: int):
     return model_fn_wrap.around(model_fn, call)
 
 
+def check_eval_metric_names(p: Plan):
+    """--early_stop and --export best's --best_metric must name a metric evaluation reports.
+
+    Checked on a scratch EVAL graph (only when one of them is asked for): otherwise a
+    typo shows only at the first evaluation, after checkpoints are written, or never.
+    """
+    t = p.config.train
+    asked = [(flag, metric) for flag, metric in (("--early_stop", t.early_stop),
+                                                 ("--best_metric", t.best_metric))
+             if metric and (flag == "--early_stop" or t.export == "best")]
+    if not asked:
+        return
+    known = checkpoints_lib.in_scratch_graph(
+        build_model_fn(p), make_input_fn(p, tf.estimator.ModeKeys.EVAL), p.params(),
+        tf.estimator.ModeKeys.EVAL, None, lambda spec: sorted({"loss", *spec.eval_metric_ops}))
+    for flag, metric in asked:
+        if metric not in known:
+            raise UserError(f"{flag} {metric}: not an eval metric of this model; it reports "
+                            f"{', '.join(known)}")
+
+
 def warm_start_settings(p: Plan):
     """--warm_start_from: a checkpoint, or a model_dir's latest; used only by a new run."""
     source = p.config.train.warm_start_from
@@ -517,6 +538,8 @@ def _train(p: Plan, out) -> Dict[str, Any]:
     # TensorFlow's context starts, and building a graph with tf.cond (cond_v2) starts it.
     strategy = None if p.role == "evaluator" else strategies.make(config.distribute.strategy,
                                                                  p.devices)
+    if p.writes_run_files:  # before anything is written
+        check_eval_metric_names(p)
     if p.writes_run_files:  # before anything is written: refuse a damaged or mismatched checkpoint
         guards.check_resume(p.model_dir, build_model_fn(p),
                             make_input_fn(p, tf.estimator.ModeKeys.TRAIN), p.params(), say=out)

@@ -44,10 +44,18 @@ def test_early_stop_on_plateau_stops_before_target_and_evaluates_at_end(tmp_path
     assert max(eval_results(tmp_path)) == summary["global_step"]  # evaluated at the end
 
 
-def test_early_stop_unknown_metric_is_a_user_error(tmp_path):
-    with pytest.raises(UserError, match="--early_stop acuracy: not an eval metric of this model; "
-                                        "it reports accuracy, loss"):
-        train(tmp_path, train_steps=40, eval_every=10, export="none", early_stop="acuracy")
+@pytest.mark.parametrize("flags, message", [
+    (dict(eval_every=10, export="none", early_stop="acuracy"), "--early_stop acuracy"),
+    (dict(export="none", early_stop="acuracy"), "--early_stop acuracy"),  # one evaluation only
+    (dict(export="best", best_metric="acuracy"), "--best_metric acuracy"),
+])
+def test_an_unknown_eval_metric_is_refused_before_anything_is_written(flags, message, tmp_path):
+    """Checked on a scratch EVAL graph: it was found only at the first evaluation (after
+    checkpoints were written), or not at all when there was one evaluation."""
+    with pytest.raises(UserError, match=f"^{message}: not an eval metric of this model; "
+                                        "it reports accuracy, loss$"):
+        train(tmp_path / "run", train_steps=40, **flags)
+    assert not (tmp_path / "run").exists()
 
 
 def test_warm_start_changes_starting_loss_and_respects_regex(tmp_path):

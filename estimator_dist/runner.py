@@ -286,12 +286,28 @@ def warm_start_settings(p: Plan):
             raise UserError(f"--warm_start_from {source}: the directory holds no checkpoint")
         source = latest
     pattern = p.config.train.warm_start_vars
-    names = [name for name, _ in tf.train.list_variables(source)]
-    if not any(re.match(pattern, name) for name in names):
-        raise UserError(f"--warm_start_vars {pattern!r} matches none of the {len(names)} variables "
-                        f"of {source} (e.g. {', '.join(sorted(names)[:3])}); the run would start "
+    stored = dict(tf.train.list_variables(source))
+    if not any(re.match(pattern, name) for name in stored):
+        raise UserError(f"--warm_start_vars {pattern!r} matches none of the {len(stored)} variables "
+                        f"of {source} (e.g. {', '.join(sorted(stored)[:3])}); the run would start "
                         f"from scratch: fix the regex (matched from the start of the name)")
+    check_warm_start_fits(p, source, pattern, stored)
     return tf.estimator.WarmStartSettings(source, vars_to_warm_start=pattern)
+
+
+def check_warm_start_fits(p: Plan, source: str, pattern: str, stored):
+    """Every trainable variable the regex picks must be in the checkpoint with its shape
+    (Estimator's warm start raises a ValueError deep in graph building otherwise)."""
+    picked = checkpoints_lib.in_scratch_graph(
+        build_model_fn(p), make_input_fn(p, tf.estimator.ModeKeys.TRAIN), p.params(),
+        tf.estimator.ModeKeys.TRAIN, None, lambda spec: {
+            v.op.name: v.shape.as_list() for v in tf.compat.v1.trainable_variables()
+            if re.match(pattern, v.op.name)})
+    problems = checkpoints_lib.compare(picked, {k: list(v) for k, v in stored.items()},
+                                       extras=False)
+    if problems:
+        raise UserError(f"--warm_start_from {source}: {'; '.join(problems)}; narrow "
+                        f"--warm_start_vars (now {pattern!r}) to the variables that still fit")
 
 
 def build_estimator(p: Plan, run_config, warm_start=None) -> tf.estimator.Estimator:

@@ -82,6 +82,13 @@ def test_warm_start_changes_starting_loss_and_respects_regex(tmp_path):
         train(tmp_path / "none", train_steps=1, export="none",
               warm_start_from=str(tmp_path / "source"), warm_start_vars="digits_cnn/kernel.*")
     assert not (tmp_path / "none").exists()
+    # Variables the regex picks that do not fit: refused up front (was Estimator's traceback).
+    with pytest.raises(UserError, match=r"'digits_cnn/conv1/kernel' is \[3, 3, 1, 32\] in the "
+                                        r"checkpoint but \[3, 3, 1, 16\] in the model; .*narrow "
+                                        r"--warm_start_vars \(now '\.\*'\)"):
+        train(tmp_path / "misfit", train_steps=1, export="none", overrides=("filters=16",),
+              warm_start_from=str(tmp_path / "source"))
+    assert not (tmp_path / "misfit").exists()
 
 
 def new_bests(values):

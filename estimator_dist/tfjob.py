@@ -44,6 +44,7 @@ def manifest(name: str, image: str, train_args: List[str], workers: int, ps: int
     if not NAME_RE.fullmatch(name) or len(name) > 40:
         raise UserError(f"--name {name!r}: must be a DNS-1123 label of at most 40 characters "
                         f"(lower-case letters, digits, '-')")
+    check_kubernetes_names(namespace, pvc, mount_path)
     if not image:
         raise UserError("--image is required: the container image that has estimator-dist installed")
     strategy = _strategy(train_args)
@@ -63,6 +64,23 @@ def manifest(name: str, image: str, train_args: List[str], workers: int, ps: int
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"runPolicy": {"cleanPodPolicy": "Running"}, "tfReplicaSpecs": replicas},
     }
+
+
+# A DNS-1123 subdomain (a PersistentVolumeClaim's name): dot-separated labels, 253 at most.
+SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def check_kubernetes_names(namespace: str, pvc: str, mount_path: str):
+    """What Kubernetes would refuse when the job is applied, refused here instead."""
+    if not NAME_RE.fullmatch(namespace) or len(namespace) > 63:
+        raise UserError(f"--namespace {namespace!r}: must be a DNS-1123 label of at most 63 "
+                        f"characters (lower-case letters, digits, '-'), e.g. default")
+    if pvc and (not SUBDOMAIN_RE.fullmatch(pvc) or len(pvc) > 253):
+        raise UserError(f"--pvc {pvc!r}: must be a PersistentVolumeClaim name (lower-case "
+                        f"letters, digits, '-', '.'), e.g. training-data")
+    if pvc and not mount_path.startswith("/"):
+        raise UserError(f"--mount_path {mount_path!r}: must be an absolute path in the "
+                        f"container, e.g. /mnt/estimator-dist")
 
 
 def _strategy(train_args: List[str]) -> str:

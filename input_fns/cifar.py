@@ -73,6 +73,19 @@ def _bad_size(data_dir):
     return None
 
 
+def _bad_label(data_dir):
+    """(path, record, label) of the first record whose label byte is not a class, or None.
+
+    Reads only the label bytes (a strided view of a memory map)."""
+    for name in ALL_FILES:
+        path = os.path.join(data_dir, name)
+        labels = np.memmap(path, np.uint8, mode="r")[::RECORD_BYTES]
+        wrong = np.flatnonzero(labels >= NUM_CLASSES)
+        if wrong.size:
+            return path, int(wrong[0]), int(labels[wrong[0]])
+    return None
+
+
 def _one_line(exc):
     return " ".join(str(exc).split()) or type(exc).__name__
 
@@ -169,6 +182,12 @@ def prepare(params):
             f"{bad[0]} has {bad[1]} bytes, not a positive multiple of {RECORD_BYTES} "
             f"(one CIFAR-10 record): it is truncated or not from the binary archive; "
             f"delete it to re-download, or run with --synthetic")
+    wrong = _bad_label(data_dir)
+    if wrong:
+        raise UserError(
+            f"{wrong[0]} record {wrong[1]} has label {wrong[2]}, not a class 0-{NUM_CLASSES - 1}: "
+            f"it is not a CIFAR-10 binary file (or is damaged); delete it to re-download, or "
+            f"run with --synthetic")
     return dict(extra, data_dir=data_dir)
 
 

@@ -358,6 +358,17 @@ def test_prepare_rejects_a_truncated_file(tmp_path):
     assert "\n" not in str(info.value) and str(cifar.RECORD_BYTES) in str(info.value)
 
 
+def test_prepare_rejects_a_file_with_a_label_that_is_not_a_class(tmp_path):
+    """Right size, wrong content: it failed at the first step with a traceback."""
+    write_cifar_files(tmp_path)
+    with open(tmp_path / "test_batch.bin", "r+b") as f:
+        f.seek(2 * cifar.RECORD_BYTES)
+        f.write(bytes([233]))
+    with pytest.raises(UserError, match=r"test_batch.bin record 2 has label 233, not a class "
+                                        r"0-9: it is not a CIFAR-10 binary file"):
+        cifar.prepare(params_for(tmp_path))
+
+
 def test_prepare_downloads_and_extracts_a_local_archive(tmp_path):
     written = write_cifar_files(tmp_path / "src")
     md5 = make_archive(tmp_path / "cifar.tar.gz", tmp_path / "src")

@@ -160,6 +160,22 @@ def test_launcher_rejects_bad_shapes():
     assert proc.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(namespace="Bad NS"), "--namespace 'Bad NS': must be a DNS-1123 label"),
+    (dict(pvc="Bad_Claim"), "--pvc 'Bad_Claim': must be a PersistentVolumeClaim name"),
+    (dict(pvc="claim", mount_path="relative/dir"), "--mount_path 'relative/dir': must be an "
+                                                   "absolute path"),
+])
+def test_tfjob_refuses_what_kubernetes_would(kwargs, message):
+    from estimator_dist.errors import UserError
+
+    with pytest.raises(UserError, match=f"^{re.escape(message)}"):
+        tfjob.manifest("job", "img:1", ["--strategy", "multi_worker_mirrored"], 2, 0, False, **kwargs)
+    job = tfjob.manifest("job", "img:1", ["--strategy", "multi_worker_mirrored"], 2, 0, False,
+                         namespace="team-a", pvc="data.v1", mount_path="/mnt/data")
+    assert job["metadata"]["namespace"] == "team-a"
+
+
 def operator_tf_config(job, replica_type, index, hosts):
     """TF_CONFIG exactly as Kubeflow's TFJob operator writes it (kubeflow.org/v1)."""
     cluster = {rtype.lower(): hosts[rtype.lower()] for rtype in job["spec"]["tfReplicaSpecs"]}

@@ -250,6 +250,15 @@ def check_top_level(file_data: Mapping[str, Any], where="config file"):
     for key in file_data:
         if key not in TOP_LEVEL:
             raise _unknown_key(key, list(TOP_LEVEL), where)
+    model = file_data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise UserError(f"{where}: 'model: {model!r}' must be a registered model's name, e.g. "
+                        f"'model: digits'")
+    imports = file_data.get("imports")
+    if imports is not None and not (isinstance(imports, list) and
+                                    all(isinstance(m, str) for m in imports)):
+        raise UserError(f"{where}: 'imports: {imports!r}' must be a list of module names, e.g. "
+                        f"'imports: [my_models]'")
 
 
 def validate(config: Config):

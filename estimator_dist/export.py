@@ -126,6 +126,10 @@ def resolve_checkpoint(model_dir: str, checkpoint: str = "",
     `checkpoint` state file is worked around read-only (checkpoints.find_latest).
     """
     if checkpoint:
+        if os.path.isdir(checkpoint):
+            latest = tf.train.latest_checkpoint(checkpoint)
+            raise UserError(f"--checkpoint {checkpoint}: is a directory; name one checkpoint, "
+                            f"e.g. {latest or os.path.join(checkpoint, 'model.ckpt-N')}")
         candidates = [checkpoint, os.path.join(model_dir, checkpoint)]
         for path in candidates:
             if tf.compat.v1.train.checkpoint_exists(path):

@@ -168,3 +168,15 @@ def test_a_user_error_raised_inside_a_tf_function_keeps_its_one_line():
     with pytest.raises(UserError) as raised:
         build(tf.constant(1))
     assert str(raised.value) == line
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model: 7\n", "config file: 'model: 7' must be a registered model's name"),
+    ("imports: my_models\n", "config file: 'imports: 'my_models'' must be a list of module names"),
+])
+def test_config_file_values_of_the_wrong_type(text, message, tmp_path, capsys):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(text)
+    code, _, err = run_main(["train", "--config", str(cfg), "--model_dir", str(tmp_path / "r")], capsys)
+    assert code == 2 and err.startswith(f"estimator-dist: error: {message}"), err
+    assert not (tmp_path / "r").exists()

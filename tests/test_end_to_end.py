@@ -138,3 +138,6 @@ def test_cli_evaluate_named_checkpoint(trained_digits, capsys):
     out = capsys.readouterr().out
     assert "accuracy" in out and "global_step 60" in out
     assert main(["evaluate", "--model_dir", str(model_dir), "--checkpoint", "model.ckpt-7"]) == 2
+    assert main(["evaluate", "--model_dir", str(model_dir), "--checkpoint", str(model_dir)]) == 2
+    assert capsys.readouterr().err.endswith(f"--checkpoint {model_dir}: is a directory; name one "
+                                            f"checkpoint, e.g. {model_dir / 'model.ckpt-60'}\n")

@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 import tensorflow as tf
 
 from estimator_dist import files
-from estimator_dist.errors import UserError
+from estimator_dist.errors import UserError, first_line
 
 STATE_FILE = "checkpoint"
 PREFIX = "model.ckpt"
@@ -111,11 +111,6 @@ def remove_stale_temp(model_dir: str) -> List[str]:
     return removed
 
 
-def _first_line(error: BaseException) -> str:
-    text = (getattr(error, "message", None) or str(error)).strip()
-    return text.splitlines()[0][:200] if text else type(error).__name__
-
-
 def verify_readable(prefix: str) -> Dict[str, List[int]]:
     """Read every tensor (checksums included) of a checkpoint; UserError naming the damaged file.
 
@@ -129,7 +124,7 @@ def verify_readable(prefix: str) -> Dict[str, List[int]]:
         shapes = reader.get_variable_to_shape_map()
     except Exception as e:  # noqa: BLE001 - DataLossError, NotFoundError, ...
         raise UserError(f"checkpoint {prefix}.index (step {step}) is damaged or truncated "
-                        f"({_first_line(e)}); {hint}") from None
+                        f"({first_line(e, 200)}); {hint}") from None
     for name in sorted(shapes):
         try:
             reader.get_tensor(name)
@@ -138,7 +133,7 @@ def verify_readable(prefix: str) -> Dict[str, List[int]]:
                           if n.startswith(os.path.basename(prefix) + ".data-"))
             files = ", ".join(os.path.join(os.path.dirname(prefix), n) for n in data)
             raise UserError(f"checkpoint {files or prefix} (step {step}) is damaged or truncated: "
-                            f"reading '{name}' failed ({_first_line(e)}); {hint}") from None
+                            f"reading '{name}' failed ({first_line(e, 200)}); {hint}") from None
     return {k: list(v) for k, v in shapes.items()}
 
 

@@ -15,6 +15,12 @@ EXIT_INTERRUPTED = 130
 EXIT_PREEMPTED = 143  # 128 + SIGTERM
 
 
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """An exception's message cut to its first line (TensorFlow's run to many), or its type."""
+    text = (getattr(error, "message", None) or str(error)).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
 class ReportedError(Exception):
     """A failure reported as one line on stderr (no traceback) with its own exit code."""
 

@@ -73,10 +73,14 @@ def write_file(path: str, write: Callable[[str], None], temp_suffix: str = ".tmp
         raise
 
 
-def write_text(path: str, text: str):
-    """write_file for a text file."""
+def write_text(path: str, data):
+    """write_file for a text (str) or binary (bytes) file."""
     def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        if isinstance(data, bytes):
+            with open(tmp, "wb") as f:
+                f.write(data)
+        else:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(data)
 
     write_file(path, write)

@@ -37,7 +37,7 @@ from estimator_dist import saver_hook
 from estimator_dist import strategies
 from estimator_dist import towers
 from estimator_dist import xla
-from estimator_dist.errors import UserError
+from estimator_dist.errors import UserError, first_line
 from estimator_dist.hooks import ProgressHook
 from estimator_dist.registry import INPUTS, MODELS, Entry
 
@@ -61,7 +61,7 @@ def import_user_modules(modules):
                             f"(run from its parent directory or pip install it)?") from None
         except Exception as e:  # noqa: BLE001 - the module's own code failed on import
             raise UserError(f"--import {name}: importing it failed: {type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''}; fix the "
+                            f"{first_line(e)}; fix the "
                             f"module (run 'python -c \"import {name}\"' to see the traceback)") from None
 
 
@@ -228,9 +228,8 @@ def reported_build_errors(model_fn, name: str):
         except (ValueError, TypeError, KeyError) as e:
             if not quiet.is_quiet():
                 raise
-            text = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise UserError(f"model '{name}' could not build its {mode or ''} graph: "
-                            f"{type(e).__name__}: {text[:300]}; check its hparams (--set, "
+                            f"{type(e).__name__}: {first_line(e)}; check its hparams (--set, "
                             f"config.yaml; 'estimator-dist list') and that the input gives the "
                             f"features it reads (--input); --verbose shows the traceback") from None
 

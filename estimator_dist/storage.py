@@ -97,12 +97,7 @@ def _undo_save(prefix: str, existed: bool, state: Optional[bytes]):
         if state is None:
             os.remove(state_path)
         else:
-            files.write_file(state_path, lambda tmp: _write_bytes(tmp, state))
-
-
-def _write_bytes(path: str, data: bytes):
-    with open(path, "wb") as f:
-        f.write(data)
+            files.write_text(state_path, state)
 
 
 def temp_entries(directories: Iterable[str]) -> Set[str]:

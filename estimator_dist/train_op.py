@@ -37,9 +37,8 @@ class minimize_handler:  # noqa: N801 - used as a context manager, reads like a 
 
 def learning_rate(params, global_step=None):
     """The learning-rate tensor for this step from params."""
-    rate = hparam_checks.non_negative_number(params, "learning_rate", 0.1) \
-        if "learning_rate" in params else 0.1
-    base = rate * float(params.get("lr_scale", 1.0))
+    base = hparam_checks.non_negative_number(params, "learning_rate", 0.1, default=0.1) * \
+        float(params.get("lr_scale", 1.0))
     schedule = params.get("lr_schedule", "constant")
     if schedule not in LR_SCHEDULES:
         raise UserError(f"lr_schedule '{schedule}' is not one of {', '.join(LR_SCHEDULES)}; "
@@ -66,8 +65,8 @@ def make_optimizer(params, lr=None):
     if name == "sgd":
         return tf.compat.v1.train.GradientDescentOptimizer(lr)
     if name == "momentum":
-        momentum = hparam_checks.fraction(params, "momentum", 0.9) if "momentum" in params else 0.9
-        return tf.compat.v1.train.MomentumOptimizer(lr, momentum)
+        return tf.compat.v1.train.MomentumOptimizer(
+            lr, hparam_checks.fraction(params, "momentum", 0.9, default=0.9))
     if name == "adam":
         return tf.compat.v1.train.AdamOptimizer(lr)
     if name == "rmsprop":

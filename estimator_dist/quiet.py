@@ -32,7 +32,8 @@ def configure(verbose: bool):
     tf.get_logger().setLevel("ERROR")
     tf.get_logger().addFilter(_not_event_writer_error)
     logging.getLogger("absl").setLevel(logging.ERROR)
-    threading.excepthook = _event_writer_failures_raised_later(threading.excepthook)
+    if not getattr(threading.excepthook, "drops_event_writer_failures", False):  # once per process
+        threading.excepthook = _event_writer_failures_raised_later(threading.excepthook)
 
 
 # A TensorBoard events writer whose write fails logs an error and dies with a traceback
@@ -51,4 +52,5 @@ def _event_writer_failures_raised_later(previous):
             return
         previous(args)
 
+    hook.drops_event_writer_failures = True
     return hook

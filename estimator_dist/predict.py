@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
+from estimator_dist import csv_rows
 from estimator_dist import export as export_lib
 from estimator_dist.errors import UserError
 
@@ -66,38 +67,62 @@ def read_npy(path: str, specs) -> Dict[str, np.ndarray]:
     return {name: array.reshape([-1] + shape).astype(spec.dtype.as_numpy_dtype)}
 
 
-def _numeric(frame, column, path):
-    values = pd.to_numeric(frame[column], errors="coerce")
-    bad = values.isna() & frame[column].notna() | frame[column].isna()
+def _numeric(cells, column, lines, path):
+    """One column's cells as float64; a missing, non-numeric or infinite cell is refused."""
+    text = pd.Series(cells, dtype=object).str.strip()
+    missing = csv_rows.missing(cells)
+    values = pd.to_numeric(text.where(~missing), errors="coerce").to_numpy(np.float64)
+    bad = missing | ~np.isfinite(values)
     if bad.any():
-        row = int(np.flatnonzero(bad.to_numpy())[0])
-        raise UserError(f"--input {path} line {row + 2} column '{column}': "
-                        f"{frame[column].iloc[row]!r} is not a number")
-    return values.to_numpy()
+        row = int(np.argmax(bad))
+        where = f"--input {path} line {lines[row]} column '{column}'"
+        if missing[row]:
+            raise UserError(f"{where}: missing value {cells[row]!r} (every numeric feature needs a "
+                            f"number; missing values are not imputed)")
+        if np.isnan(values[row]) and not _overflows(text.iloc[row]):
+            raise UserError(f"{where}: {cells[row]!r} is not a number")
+        raise UserError(f"{where}: {cells[row]!r} is not a finite number; fix the value")
+    return values
+
+
+def _overflows(text: str) -> bool:
+    """True for a number too large for float64 ('1e400'), which pandas reads as not a number."""
+    try:
+        return np.isinf(float(text))
+    except ValueError:
+        return False
 
 
 def read_csv(path: str, specs) -> Dict[str, np.ndarray]:
-    try:
-        frame = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise UserError(f"--input {path}: not a readable CSV ({str(e).splitlines()[0]})") from None
-    by_key = {sanitize(c): c for c in frame.columns}
+    """The features of a CSV read as training reads one (csv_rows.py): string features keep
+    their raw cells ("" included), numeric ones refuse missing, non-numeric, infinite cells."""
+    header, rows, lines = csv_rows.read_rows(path, f"--input {path}")
+    cells = np.array(rows, dtype=object).reshape(len(rows), len(header))
+    by_key: Dict[str, list] = {}
+    for j, column in enumerate(header):
+        by_key.setdefault(sanitize(column), []).append(j)
     if len(specs) == 1:
         (name, spec), = specs.items()
         shape = _feature_shape(spec)
         if shape and name not in by_key:  # a wide CSV: every column is one value of the feature
-            values = np.stack([_numeric(frame, c, path) for c in frame.columns], axis=1)
+            values = np.stack([_numeric(cells[:, j], c, lines, path) for j, c in enumerate(header)],
+                              axis=1)
             return read_npy_like(values, name, spec, path)
     features = {}
     for name, spec in specs.items():
-        column = by_key.get(sanitize(name))
-        if column is None:
+        matches = by_key.get(sanitize(name), [])
+        if not matches:
             raise UserError(f"--input {path}: no column for feature '{name}'; the model takes "
-                            f"{', '.join(specs)}; the file has {', '.join(map(str, frame.columns))}")
+                            f"{', '.join(specs)}; the file has {', '.join(header)}")
+        if len(matches) > 1:
+            raise UserError(f"--input {path}: columns {', '.join(repr(header[j]) for j in matches)} "
+                            f"all match feature '{name}'; rename or remove all but one")
+        column = cells[:, matches[0]]
         if spec.dtype == tf.string:
-            features[name] = frame[column].astype(str).to_numpy(dtype=object)
+            features[name] = column.astype(object)
         else:
-            features[name] = _numeric(frame, column, path).astype(spec.dtype.as_numpy_dtype)
+            features[name] = _numeric(column, header[matches[0]], lines,
+                                      path).astype(spec.dtype.as_numpy_dtype)
     return features
 
 

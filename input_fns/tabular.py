@@ -7,7 +7,6 @@ re-reads the data the same way (cached per file) and feeds raw values: scaling
 and vocabulary lookup happen inside the model graph, so a SavedModel takes the
 same raw values a CSV holds.
 """
-import csv
 import math
 import os
 import re
@@ -18,6 +17,8 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
+from estimator_dist import csv_rows
+from estimator_dist.csv_rows import MISSING
 from estimator_dist.errors import UserError
 from estimator_dist.registry import register_input
 
@@ -29,10 +30,6 @@ ONE_HOT_MAX = 16  # vocabulary + OOV bucket up to this size: one-hot, above it: 
 MAX_EMBEDDING_DIM = 16
 SPLIT_SEED = 0  # fixed, never params["seed"]: the eval rows must not change between runs
 SYNTHETIC_ROWS = 400
-# Cells that mean "no value" in a numeric column, which refuses them: missing numbers
-# are never imputed silently. Categorical features keep them as ordinary values; a
-# text label refuses only an empty cell ("NA" may be a real class).
-MISSING = frozenset({"", "na", "n/a", "nan", "null", "none"})
 
 
 @dataclass(frozen=True)
@@ -87,49 +84,6 @@ def _resolve_path(params) -> str:
                     f"(leave it empty for the built-in breast cancer data)")
 
 
-def _read_rows(path: str):
-    """Header, rows and the file line each row starts on, via the csv module.
-
-    pandas.read_csv silently pads short rows with NaN and silently turns an extra
-    leading field on every row into an index, so structure is checked here.
-    """
-    header, rows, lines = None, [], []
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f)
-            start = 1
-            for record in reader:
-                blank = not record or (len(record) == 1 and not record[0].strip())
-                if not blank:
-                    if header is None:
-                        header = record
-                    elif len(record) != len(header):
-                        raise UserError(
-                            f"{path} line {start}: {len(record)} fields but the header has "
-                            f"{len(header)}; fix that row (ragged rows are not padded or dropped)")
-                    else:
-                        rows.append(record)
-                        lines.append(start)
-                start = reader.line_num + 1
-    except csv.Error as e:
-        raise UserError(f"{path} line {reader.line_num}: not valid CSV ({e}); fix the quoting on that line")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8")
-    except OSError as e:
-        raise UserError(f"cannot read data file '{path}': {e.strerror}")
-    if header is None:
-        raise UserError(f"data file '{path}' is empty; it needs a header line and data rows")
-    for i, name in enumerate(header):
-        if not name.strip():
-            raise UserError(f"{path} line 1: header field {i + 1} is empty (an index written by pandas?); "
-                            f"name that column or remove it")
-        if header.index(name) != i:
-            raise UserError(f"{path} line 1: column '{name}' appears twice in the header; rename one")
-    if not rows:
-        raise UserError(f"data file '{path}' has a header but no data rows")
-    return header, rows, np.asarray(lines, np.int64)
-
-
 def _typed_column(path, name, cells: pd.Series, lines):
     """(kind, values): numeric when the column's values are numbers, else categorical."""
     missing = cells.str.strip().str.lower().isin(MISSING).to_numpy()
@@ -158,7 +112,7 @@ def _typed_column(path, name, cells: pd.Series, lines):
 
 
 def _csv_table(path: str) -> Table:
-    header, rows, lines = _read_rows(path)
+    header, rows, lines = csv_rows.read_rows(path, path)
     frame = pd.DataFrame(rows, columns=header, dtype=object)
     kinds, values = {}, {}
     for name in header:

@@ -1,7 +1,8 @@
 """Training workflow: early stopping, warm start, best export across restarts, eval by
-seconds, progress output, report, seeded determinism."""
+seconds, progress output, report, seeded determinism; predict's CSV reading."""
 import os
 import pty
+import re
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import make_config, quick_train
-from estimator_dist import early_stopping, export as export_lib, report, runner
+from estimator_dist import early_stopping, export as export_lib, predict, report, runner
 from estimator_dist.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,3 +180,74 @@ def test_two_seeded_runs_match(model, tmp_path):
         weights.append({k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()})
     for name in weights[0]:
         np.testing.assert_array_equal(weights[0][name], weights[1][name], err_msg=name)
+
+
+FEATURES = {"age": tf.TensorSpec([None], tf.float32), "city": tf.TensorSpec([None], tf.string)}
+IMAGE = {"image": tf.TensorSpec([None, 2, 2], tf.float32)}  # a wide CSV: 4 value columns
+
+
+def write_csv(tmp_path, text, name="x.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def refused(path, specs, message):
+    """predict.read_csv raises exactly '--input PATH<message>'."""
+    with pytest.raises(UserError, match=f"^{re.escape(f'--input {path}{message}')}$"):
+        predict.read_csv(path, specs)
+
+
+def test_predict_csv_keeps_string_cells_as_training_reads_them(tmp_path):
+    """An empty cell of a string feature became 'nan' and '007' became '7.0' (pandas typed the
+    column); training keeps every categorical cell as the raw string."""
+    path = write_csv(tmp_path, "age,city\n1,\n2,007\n3,NA\n")
+    features = predict.read_csv(path, FEATURES)
+    assert list(features["city"]) == ["", "007", "NA"]
+    np.testing.assert_array_equal(features["age"], [1, 2, 3])
+
+
+@pytest.mark.parametrize("row, message", [
+    ("2,b", "2 fields but the header has 3; fix that row (ragged rows are not padded or dropped)"),
+    ("2,b,c,d", "4 fields but the header has 3; fix that row (ragged rows are not padded or "
+                "dropped)"),
+], ids=["short", "long"])
+def test_predict_csv_refuses_a_row_with_another_field_count(tmp_path, row, message):
+    """A short row was padded with NaN (a string feature read 'nan'); a long one was pandas'
+    tokenizing error. The blank line counts: the row is on line 4."""
+    path = write_csv(tmp_path, f"age,city,note\n1,a,x\n\n{row}\n")
+    refused(path, FEATURES, f" line 4: {message}")
+
+
+@pytest.mark.parametrize("cell", ["", "NA", " null ", "None", "n/a", "nan"])
+def test_predict_csv_names_a_missing_number_as_missing(tmp_path, cell):
+    """It said "nan is not a number" (or "' null ' is not a number")."""
+    path = write_csv(tmp_path, f"age,city\n1,a\n{cell},b\n")
+    refused(path, FEATURES, f" line 3 column 'age': missing value {cell!r} (every numeric feature "
+                            f"needs a number; missing values are not imputed)")
+    wide = write_csv(tmp_path, f"p0,p1,p2,p3\n1,2,3,4\n5,{cell},7,8\n", "wide.csv")
+    refused(wide, IMAGE, f" line 3 column 'p1': missing value {cell!r} (every numeric feature "
+                         f"needs a number; missing values are not imputed)")
+
+
+@pytest.mark.parametrize("cell, problem", [
+    ("abc", "'abc' is not a number"),
+    ("inf", "'inf' is not a finite number; fix the value"),
+    ("-Infinity", "'-Infinity' is not a finite number; fix the value"),
+    ("1e400", "'1e400' is not a finite number; fix the value"),
+])
+def test_predict_csv_refuses_text_and_infinity_on_the_right_line(tmp_path, cell, problem):
+    """inf was fed to the model; a blank line or a quoted newline put the line number off
+    (it was the row index + 2)."""
+    path = write_csv(tmp_path, f'age,city\n\n1,"two\nlines"\n{cell},b\n')
+    refused(path, FEATURES, f" line 5 column 'age': {problem}")
+
+
+def test_predict_csv_numbers_may_have_spaces(tmp_path):
+    path = write_csv(tmp_path, "age,city\n 1 ,a\n\t2.5 , b \n")
+    features = predict.read_csv(path, FEATURES)
+    np.testing.assert_array_equal(features["age"], np.array([1, 2.5], np.float32))
+    assert list(features["city"]) == ["a", " b "]  # string cells are not stripped, as in training
+    wide = write_csv(tmp_path, "p0,p1,p2,p3\n1, 2 ,3,4\n\n5,6,7, 8\n", "wide.csv")
+    np.testing.assert_array_equal(predict.read_csv(wide, IMAGE)["image"],
+                                  np.arange(1, 9, dtype=np.float32).reshape(2, 2, 2))

@@ -129,13 +129,30 @@ def _extract(archive, dest_dir):
         raise ValueError(f"archive lacks {', '.join(missing)}")
 
 
+def _missing_dirs(path):
+    """path and its ancestors that do not exist yet, deepest first."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
 def _fetch(root, url, expected_md5):
-    """Download and extract into root/cifar-10-batches-bin; nothing half-written survives."""
-    os.makedirs(root, exist_ok=True)
-    fd, archive = tempfile.mkstemp(dir=root, prefix=".cifar-10-binary.", suffix=".part")
-    os.close(fd)
-    staging = tempfile.mkdtemp(dir=root, prefix=".cifar-10-extract.")
+    """Download and extract into root/cifar-10-batches-bin; nothing half-written survives.
+
+    On failure the directories made for root are removed again (only those, only if
+    empty), so a mistyped or offline --data_dir leaves no empty tree behind.
+    """
+    created = _missing_dirs(root)
+    archive = staging = None
+    done = False
     try:
+        os.makedirs(root, exist_ok=True)
+        fd, archive = tempfile.mkstemp(dir=root, prefix=".cifar-10-binary.", suffix=".part")
+        os.close(fd)
+        staging = tempfile.mkdtemp(dir=root, prefix=".cifar-10-extract.")
         _download(url, archive, expected_md5)
         _extract(archive, staging)
         bad = _bad_size(staging)
@@ -148,10 +165,18 @@ def _fetch(root, url, expected_md5):
         else:
             for name in os.listdir(staging):
                 os.replace(os.path.join(staging, name), os.path.join(target, name))
+        done = True
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        if os.path.exists(archive):
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
+        if archive and os.path.exists(archive):
             os.remove(archive)
+        if not done:
+            for directory in created:
+                try:
+                    os.rmdir(directory)
+                except OSError:  # not empty (another process's files): it and its parents stay
+                    break
 
 
 def prepare(params):

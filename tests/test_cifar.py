@@ -437,6 +437,21 @@ def test_prepare_unreachable_url_fails_fast_with_the_fix(tmp_path, url):
     assert not [p for p in (tmp_path / "data").rglob("*") if p.is_file()]
 
 
+def test_failed_download_removes_only_the_data_dirs_it_made(tmp_path):
+    """A missing --data_dir was made for the download and stayed behind, empty, when it failed."""
+    absent = (tmp_path / "absent.tar.gz").as_uri()  # fails at once, offline too
+    with pytest.raises(UserError, match="fetching .* failed"):
+        cifar.prepare(params_for(tmp_path / "a" / "b" / "c", cifar_url=absent))
+    assert tmp_path.is_dir() and not (tmp_path / "a").exists()
+    kept = tmp_path / "kept"  # existing dirs stay, empty or not; new ones under them go
+    (kept / "empty").mkdir(parents=True)
+    (kept / "notes.txt").write_text("mine")
+    for root in (kept / "empty", kept / "x" / "y"):
+        with pytest.raises(UserError, match="fetching .* failed"):
+            cifar.prepare(params_for(root, cifar_url=absent))
+    assert sorted(os.listdir(kept)) == ["empty", "notes.txt"] and os.listdir(kept / "empty") == []
+
+
 def build(mode, depth=8, batch=4, labels=True):
     """Call the model_fn in a fresh graph; returns (graph, spec)."""
     graph = tf.Graph()

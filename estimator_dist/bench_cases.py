@@ -62,7 +62,7 @@ def _prepare_memory(params):
             "num_classes": NUM_CLASSES}
 
 
-@register_input("bench_memory", prepare=_prepare_memory)
+@register_input("bench_memory", prepare=_prepare_memory, data_flags=())
 def memory_input(mode, params):
     """In-memory standardized CIFAR-shaped examples (cached after the first pass)."""
     return memory_dataset(int(params["batch_size"]), training=mode == TRAIN)

@@ -62,6 +62,10 @@ TRAIN_FLAGS = {
 def _add_common(p):
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import a module that registers more models/inputs (repeatable)")
+    _add_verbose(p)
+
+
+def _add_verbose(p):
     p.add_argument("--verbose", action="store_true", help="show TensorFlow's own logging")
 
 
@@ -177,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "these comma-separated texts, e.g. 'project none'")
     bn.add_argument("--case_timeout", type=float, default=None,
                     help="seconds one case may take (default 300)")
-    _add_common(bn)
+    _add_verbose(bn)  # no --import: bench runs its own cases (bench_cases.py) only
 
     ls = sub.add_parser("list", help="registered models and inputs with their hparams")
     _add_common(ls)

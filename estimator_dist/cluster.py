@@ -119,27 +119,36 @@ def parse(text: str) -> ClusterSpec:
     return ClusterSpec(cluster=cluster, task_type=task_type, task_index=index, extra=extra)
 
 
-def check_strategy(spec: ClusterSpec, strategy: str):
-    """A strategy must fit the cluster: say which one does when it does not."""
+def check_strategy(spec: ClusterSpec, strategy: str, flags: bool = False):
+    """A strategy must fit the cluster: say which one does when it does not.
+
+    flags: the cluster comes from `cluster`/`tfjob` --workers and --ps, so the fixes
+    name those flags rather than TF_CONFIG.
+    """
     if strategy == "horovod":
         raise UserError("--strategy horovod does not use TF_CONFIG, but it is set; unset it and "
                         "start the ranks with 'estimator-dist cluster --launcher horovod' (or "
                         "horovodrun --gloo)")
+    has = "--ps is 0" if flags else "TF_CONFIG's cluster has none"
+    add_ps = "add --ps 1 (or more)" if flags else "add \"ps\": [\"host:port\"]"
+    shape = (f"--workers {spec.num_workers} and --ps {spec.num_ps} make a cluster" if flags
+             else f"TF_CONFIG describes a cluster of {spec.num_workers} worker(s) and "
+                  f"{spec.num_ps} ps")
     if strategy == "parameter_server" and not spec.num_ps:
-        raise UserError(f"--strategy parameter_server needs ps tasks, but TF_CONFIG's cluster has "
-                        f"none; add \"ps\": [\"host:port\"] or use --strategy multi_worker_mirrored")
+        raise UserError(f"--strategy parameter_server needs ps tasks, but {has}; {add_ps} or use "
+                        f"--strategy multi_worker_mirrored")
     if strategy == "multi_worker_mirrored" and spec.num_ps:
-        raise UserError(f"--strategy multi_worker_mirrored takes no ps tasks, but TF_CONFIG's "
-                        f"cluster has {spec.num_ps}; use --strategy parameter_server or drop them")
+        raise UserError(f"--strategy multi_worker_mirrored takes no ps tasks, but "
+                        f"{f'--ps is {spec.num_ps}' if flags else f'TF_CONFIG has {spec.num_ps}'}; "
+                        f"use --strategy parameter_server or drop {'--ps' if flags else 'them'}")
     if strategy not in CLUSTER_STRATEGIES + ("none",) and spec.is_distributed:
-        raise UserError(f"--strategy {strategy} runs on one machine, but TF_CONFIG describes a "
-                        f"cluster of {spec.num_workers} worker(s) and {spec.num_ps} ps; use "
+        raise UserError(f"--strategy {strategy} runs on one machine, but {shape}; use "
                         f"{', '.join(CLUSTER_STRATEGIES)} (or none with ps tasks for async "
                         f"between-graph training)")
     if strategy == "none" and spec.num_workers > 1 and not spec.num_ps:
         raise UserError(f"--strategy none in a cluster of {spec.num_workers} workers and no ps would train "
                         f"them independently; use --strategy multi_worker_mirrored, "
-                        f"parameter_server, or add ps tasks for async training")
+                        f"parameter_server, or {add_ps} for async training")
 
 
 def from_env(strategy: str, environ=os.environ) -> Optional[ClusterSpec]:

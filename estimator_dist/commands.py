@@ -97,6 +97,7 @@ def checked_train_args(args) -> list:
     train_ns = build_parser().parse_args(["train"] + train_args)  # bad flags: usage, exit 2
     config = config_from_args(train_ns)
     launcher.check_shape(args.workers, args.ps, config.distribute.strategy)
+    runner.check_cluster_run(config, args.workers, local=args.command == "cluster")
     return train_args
 
 

@@ -303,7 +303,7 @@ def check_shape(workers: int, ps: int, strategy: str):
 
     names = task_names(workers, ps, False)
     spec = cluster.parse(make_tf_configs(names, list(range(1, len(names) + 1)))["chief:0"])
-    cluster.check_strategy(spec, strategy)
+    cluster.check_strategy(spec, strategy, flags=True)
 
 
 def build_tasks(train_args: List[str], workers: int, ps: int, evaluator: bool,

@@ -7,13 +7,17 @@ import difflib
 import inspect
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from estimator_dist.errors import UserError
 
-# Estimator passes these by name; a model_fn may take any subset that includes features.
+# Estimator passes these by name; a model_fn may take any subset that includes features and
+# params (the runner always hands over params: Estimator refuses a model_fn without them).
 MODEL_FN_ARGS = ("features", "labels", "mode", "params", "config")
 INPUT_FN_ARGS = ("mode", "params", "input_context")
+# Run settings an input may read (params of the same names); with data_flags declared at
+# registration, a run that sets one the input does not read is refused.
+DATA_FLAGS = ("data_dir", "data_path", "label_column", "synthetic")
 
 
 def snake_case(name: str) -> str:
@@ -32,6 +36,7 @@ class Entry:
     default_input: Optional[str] = None
     run_defaults: Mapping[str, Any] = field(default_factory=dict)
     prepare: Optional[Callable] = None
+    data_flags: Optional[Tuple[str, ...]] = None  # None: not declared, nothing checked
     doc: str = ""
 
 
@@ -67,9 +72,12 @@ class Registry:
         unknown = [a for a in args if a not in self._allowed]
         missing = [a for a in self._required if a not in args]
         if unknown or missing:
+            fix = (f"add {', '.join(missing)}" if missing else "") + \
+                  ("; " if missing and unknown else "") + \
+                  (f"rename or drop {', '.join(unknown)}" if unknown else "")
             raise UserError(
                 f"{self.kind} '{key}' has arguments ({', '.join(args)}); allowed: "
-                f"({', '.join(self._allowed)}), required: ({', '.join(self._required)})")
+                f"({', '.join(self._allowed)}), required: ({', '.join(self._required)}); {fix}")
 
     def get(self, key: str) -> Entry:
         """The entry for `key`, or a UserError listing what is registered."""
@@ -93,7 +101,7 @@ class Registry:
         self._entries.pop(key, None)
 
 
-MODELS = Registry("model", MODEL_FN_ARGS, ("features",))
+MODELS = Registry("model", MODEL_FN_ARGS, ("features", "params"))
 INPUTS = Registry("input", INPUT_FN_ARGS, ("mode", "params"))
 
 
@@ -111,7 +119,7 @@ def register_model(name=None, hparams=None, default_input=None, run_defaults=Non
                            run_defaults=dict(run_defaults or {}))
 
 
-def register_input(name=None, prepare=None):
+def register_input(name=None, prepare=None, data_flags=None):
     """Register an input function `(mode, params[, input_context]) -> tf.data.Dataset`.
 
     Args:
@@ -119,5 +127,32 @@ def register_input(name=None, prepare=None):
       prepare: `prepare(params) -> dict`, run once before training: checks the data
         exists (raise UserError if not) and returns extra params, which must include
         `serving_features`: {feature name: (shape without batch, dtype name)}.
+      data_flags: which of DATA_FLAGS (--data_dir, --data_path, --label_column,
+        --synthetic) the input reads; a run setting another is refused instead of
+        silently ignored. None (the default): not declared, not checked.
     """
-    return INPUTS.register(name, prepare=prepare)
+    if data_flags is not None:
+        unknown = [f for f in data_flags if f not in DATA_FLAGS]
+        if unknown or isinstance(data_flags, str):
+            raise UserError(f"input '{name}': data_flags {data_flags!r} must be a tuple of "
+                            f"{', '.join(DATA_FLAGS)}")
+        data_flags = tuple(data_flags)
+    return INPUTS.register(name, prepare=prepare, data_flags=data_flags)
+
+
+def check_data_flags(entry: Entry, settings: Mapping[str, Any]):
+    """Refuse a data setting (DATA_FLAGS, given in `settings`) that the input declared it
+    does not read: it would be silently ignored."""
+    if entry.data_flags is None:
+        return
+    for flag in DATA_FLAGS:
+        value = settings.get(flag)
+        if not value or flag in entry.data_flags:
+            continue
+        readers = [n for n in INPUTS.names() if flag in (INPUTS.get(n).data_flags or ())]
+        reads = ("it reads only " + ", ".join(f"--{f}" for f in entry.data_flags)
+                 if entry.data_flags else "it reads none of " +
+                 ", ".join(f"--{f}" for f in DATA_FLAGS))
+        shown = f"--{flag}" if value is True else f"--{flag} {value!r}"
+        raise UserError(f"{shown}: input '{entry.name}' does not read it ({reads}); drop it" +
+                        (f", or use --input {' or '.join(readers)}" if readers else ""))

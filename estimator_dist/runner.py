@@ -14,7 +14,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional
 
 import tensorflow as tf
@@ -39,7 +39,7 @@ from estimator_dist import towers
 from estimator_dist import xla
 from estimator_dist.errors import UserError, first_line
 from estimator_dist.hooks import ProgressHook
-from estimator_dist.registry import INPUTS, MODELS, Entry
+from estimator_dist.registry import INPUTS, MODELS, Entry, check_data_flags
 
 
 def load_builtins():
@@ -59,6 +59,8 @@ def import_user_modules(modules):
                                 f"({e}); install that package") from None
             raise UserError(f"--import {name}: cannot import it ({e}); is it on PYTHONPATH "
                             f"(run from its parent directory or pip install it)?") from None
+        except UserError as e:  # a registration the registry refused: its message says the fix
+            raise UserError(f"--import {name}: {e}") from None
         except Exception as e:  # noqa: BLE001 - the module's own code failed on import
             raise UserError(f"--import {name}: importing it failed: {type(e).__name__}: "
                             f"{first_line(e)}; fix the "
@@ -140,11 +142,8 @@ def run_prepare(entry: Entry, params) -> Dict[str, Any]:
 
 def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None) -> Plan:
     """Resolve and check everything a run needs; raises UserError, writes nothing."""
-    config_lib.validate(config)
-    model = MODELS.get(config.model)
-    input_entry = INPUTS.get(config.data.input or model.default_input or config.model)
+    model, input_entry = _entries(config)
     name = config.distribute.strategy
-    strategies.check_name(name)
     spec = cluster_lib.from_env(name)
     ranks = hvd_lib.init() if name == "horovod" else None
     workers = spec.num_workers if spec and spec.is_distributed else ranks.size if ranks else 1
@@ -152,15 +151,50 @@ def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None)
                else devices_lib.resolve(config.distribute.num_devices))
     if ranks:
         hvd_lib.check_gpus(ranks, devices_lib.gpu_count())
-    strategies.check_devices(name, devices)
-    strategies.check_accumulate(name, config.distribute.accumulate_steps)
-    per_replica = strategies.per_replica_batch(name, config.train.batch_size, devices, workers)
+    per_replica = _per_replica_batch(config, devices, workers)
     if input_meta is None:
         input_meta = run_prepare(input_entry, input_params(config, per_replica))
     return Plan(config=config, model=model, input=input_entry, devices=devices,
                 replicas=strategies.num_replicas(name, devices, workers),
                 per_replica_batch=per_replica, input_meta=input_meta,
                 model_dir=default_model_dir(config), cluster=spec, ranks=ranks)
+
+
+def check_cluster_run(config: config_lib.Config, workers: int, local: bool):
+    """What every training task of a cluster of `workers` (the chief counted) would refuse at
+    its start, checked once: by `cluster` before it launches, by `tfjob` before it writes.
+
+    local: the tasks run on this machine, whose devices and data they use (devices
+    resolved here, the input's prepare() run here); else (a TFJob's pods) the devices
+    are what --num_devices asks for, one when auto, so the batch check there is the
+    part every pod shape must pass.
+    """
+    _, input_entry = _entries(config)
+    n = config.distribute.num_devices
+    if config.distribute.strategy == "horovod":
+        devices = hvd_lib.devices(n, gpus=None if local else n)
+    else:
+        devices = devices_lib.resolve(n, gpus=None if local else n)
+    per_replica = _per_replica_batch(config, devices, workers)
+    if local:
+        run_prepare(input_entry, input_params(config, per_replica))
+
+
+def _entries(config: config_lib.Config):
+    """(model entry, input entry) of a validated config."""
+    config_lib.validate(config)
+    model = MODELS.get(config.model)
+    input_entry = INPUTS.get(config.data.input or model.default_input or config.model)
+    check_data_flags(input_entry, asdict(config.data))
+    strategies.check_name(config.distribute.strategy)
+    return model, input_entry
+
+
+def _per_replica_batch(config: config_lib.Config, devices, workers: int) -> int:
+    name = config.distribute.strategy
+    strategies.check_devices(name, devices)
+    strategies.check_accumulate(name, config.distribute.accumulate_steps)
+    return strategies.per_replica_batch(name, config.train.batch_size, devices, workers)
 
 
 def log_every(train_steps: int) -> int:

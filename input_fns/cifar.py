@@ -317,7 +317,7 @@ def synthetic_arrays(count):
     return np.rint(np.clip(images, 0.0, 255.0)).astype(np.uint8), labels
 
 
-@register_input("cifar", prepare=prepare)
+@register_input("cifar", prepare=prepare, data_flags=("data_dir", "synthetic"))
 def cifar_input(mode, params, input_context=None):
     """CIFAR-10 as ({"image": float32 [B,32,32,3]}, int32 [B]); batch_size is per pipeline.
 

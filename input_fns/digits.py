@@ -38,7 +38,7 @@ def prepare_digits(params):
     }
 
 
-@register_input("digits", prepare=prepare_digits)
+@register_input("digits", prepare=prepare_digits, data_flags=("synthetic",))
 def digits_input(mode, params, input_context=None):
     """scikit-learn's 8x8 digits, 80/20 fixed split; batches of params['batch_size']."""
     train_x, train_y, eval_x, eval_y = load_arrays(bool(params.get("synthetic")), params.get("seed"))

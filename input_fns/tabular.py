@@ -315,7 +315,8 @@ def load_split(params, mode):
     return features, np.asarray([ids[k] for k in keys], np.int32)
 
 
-@register_input("tabular", prepare=prepare)
+@register_input("tabular", prepare=prepare,
+                data_flags=("data_dir", "data_path", "label_column", "synthetic"))
 def tabular_input(mode, params, input_context=None):
     """Rows of a CSV as ({feature: value}, label); TRAIN shuffles and repeats, else one pass."""
     if "serving_features" not in params:

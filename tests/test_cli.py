@@ -54,6 +54,11 @@ BAD = [
     (["--set", "optimizer=adamw"], "optimizer 'adamw' is not one of sgd, momentum, adam, rmsprop"),
     (["--summary_json", "/"], "--summary_json /: is a directory; give a file path"),
     (["--summary_json", "/no/such/dir/s.json"], "--summary_json /no/such/dir/s.json: its directory"),
+    # Data flags the input does not read were silently ignored.
+    (["--data_path", "x.csv"], "--data_path 'x.csv': input 'digits' does not read it (it reads "
+                               "only --synthetic); drop it, or use --input tabular"),
+    (["--label_column", "y"], "--label_column 'y': input 'digits' does not read it"),
+    (["--data_dir", "/data"], "--data_dir '/data': input 'digits' does not read it"),
 ]
 
 
@@ -97,6 +102,9 @@ def test_console_script_exit_code_and_no_traceback(tmp_path):
     (["trian"], "estimator-dist: error: argument COMMAND: invalid choice: 'trian'"),
     (["predict", "--saved_model", "x"], "estimator-dist predict: error: the following arguments "
                                         "are required: --input"),
+    # bench runs its own cases only: an --import would be ignored.
+    (["bench", "--import", "my_models"], "estimator-dist bench: error: unrecognized arguments: "
+                                         "--import my_models"),
 ])
 def test_usage_errors_are_one_line_with_the_fix(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -117,6 +125,24 @@ def test_a_module_that_fails_to_import_is_one_line(source, message, tmp_path, mo
     code, _, err = run_main(["list", "--import", "user_mod_under_test"], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"estimator-dist: error: --import user_mod_under_test: {message}"), err
+
+
+def test_a_model_fn_without_params_is_refused_when_imported(tmp_path, monkeypatch, capsys):
+    """Estimator refuses a model_fn without `params` when it is handed params (always, here):
+    that was its ValueError traceback at the first graph build."""
+    (tmp_path / "no_params_mod.py").write_text(
+        "import estimator_dist as ed\n\n"
+        "@ed.register_model('no_params_model')\n"
+        "def no_params_model(features, labels, mode):\n"
+        "    raise AssertionError('never built')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = run_main(["train", "--import", "no_params_mod", "--model", "no_params_model",
+                             "--model_dir", str(tmp_path / "r")], capsys)
+    assert code == 2 and err == (
+        "estimator-dist: error: --import no_params_mod: model 'no_params_model' has arguments "
+        "(features, labels, mode); allowed: (features, labels, mode, params, config), required: "
+        "(features, params); add params\n")
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_model_graph_that_fails_to_build_is_one_line_and_leaves_no_model_dir(tmp_path, capsys):

@@ -156,8 +156,38 @@ def test_launcher_rejects_bad_shapes():
     proc = subprocess.run([sys.executable, "-m", "estimator_dist", "cluster", "--workers", "2",
                            "--strategy", "parameter_server"], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
-    assert proc.returncode == 2 and "needs ps tasks" in proc.stderr
+    assert proc.returncode == 2
+    assert proc.stderr == ("estimator-dist: error: --strategy parameter_server needs ps tasks, but "
+                           "--ps is 0; add --ps 1 (or more) or use --strategy "
+                           "multi_worker_mirrored\n")
+
+
+@pytest.mark.parametrize("command, flags, message", [
+    # Each task would refuse these at its start (the launcher printed one line per task).
+    ("cluster", ["--workers", "3", "--batch_size", "64"],
+     "--batch_size 64 is not divisible by the 3 replicas of --strategy multi_worker_mirrored; "
+     "use a multiple of 3 (e.g. 66)"),
+    ("cluster", ["--workers", "2", "--train_steps", "-5"], "--train_steps -5: must be > 0"),
+    ("cluster", ["--workers", "2", "--model", "tabular", "--data_path", "/no/such.csv",
+                 "--label_column", "y"], "data file not found: '/no/such.csv'; fix --data_path PATH"),
+    # A TFJob's pods: --num_devices GPUs each (one device when auto).
+    ("tfjob", ["--workers", "3", "--batch_size", "64"], "--batch_size 64 is not divisible by the 3"),
+    ("tfjob", ["--workers", "2", "--num_devices", "3", "--batch_size", "64"],
+     "--batch_size 64 is not divisible by the 6 replicas"),
+    ("tfjob", ["--workers", "2", "--data_path", "/mnt/d.csv"],
+     "--data_path '/mnt/d.csv': input 'digits' does not read it"),
+])
+def test_cluster_and_tfjob_check_the_train_flags_before_launching_or_writing(
+        command, flags, message, tmp_path):
+    out = tmp_path / "job.yaml"
+    extra = ["--image", "img:1", "--output", str(out)] if command == "tfjob" else []
+    proc = subprocess.run([sys.executable, "-m", "estimator_dist", command] + extra + flags +
+                          ["--model_dir", str(tmp_path / "run")], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout  # no task was started
+    assert proc.stderr.startswith(f"estimator-dist: error: {message}"), proc.stderr
     assert proc.stderr.count("\n") == 1
+    assert not out.exists() and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("kwargs, message", [

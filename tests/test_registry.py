@@ -2,7 +2,8 @@
 import pytest
 
 from estimator_dist.errors import UserError
-from estimator_dist.registry import INPUTS, MODELS, Registry, snake_case
+from estimator_dist import registry
+from estimator_dist.registry import INPUTS, MODELS, Registry, check_data_flags, snake_case
 
 
 def fresh():
@@ -68,3 +69,43 @@ def test_every_estimator_signature_accepted(args):
 def test_builtins_registered():
     assert "digits" in MODELS and "digits" in INPUTS
     assert MODELS.get("digits").default_input == "digits"
+
+
+def test_model_fns_must_take_params():
+    with pytest.raises(UserError, match=r"required: \(features, params\); add params$"):
+        MODELS.register("no_params_here")(lambda features, labels, mode: None)
+    assert "no_params_here" not in MODELS
+
+
+def test_declared_data_flags_refuse_what_the_input_does_not_read(monkeypatch):
+    monkeypatch.setattr(registry, "INPUTS", Registry("input", registry.INPUT_FN_ARGS,
+                                                     ("mode", "params")))
+    registry.register_input("reads_dir", data_flags=("data_dir",))(lambda mode, params: None)
+    registry.register_input("reads_none", data_flags=())(lambda mode, params: None)
+    registry.register_input("undeclared")(lambda mode, params: None)
+    reads_dir, reads_none, undeclared = (registry.INPUTS.get(n) for n in
+                                         ("reads_dir", "reads_none", "undeclared"))
+    settings = {"data_dir": "/d", "data_path": "", "label_column": "", "synthetic": False}
+    check_data_flags(reads_dir, settings)
+    check_data_flags(undeclared, dict(settings, data_path="x.csv", synthetic=True))
+    with pytest.raises(UserError) as e:
+        check_data_flags(reads_none, settings)
+    assert str(e.value) == ("--data_dir '/d': input 'reads_none' does not read it (it reads none "
+                            "of --data_dir, --data_path, --label_column, --synthetic); drop it, "
+                            "or use --input reads_dir")
+    with pytest.raises(UserError) as e:
+        check_data_flags(reads_dir, dict(settings, synthetic=True))
+    assert str(e.value) == ("--synthetic: input 'reads_dir' does not read it (it reads only "
+                            "--data_dir); drop it")
+
+
+@pytest.mark.parametrize("flags", ["data_dir", ("data_dirs",)])
+def test_data_flags_must_name_data_flags(flags):
+    with pytest.raises(UserError, match="must be a tuple of data_dir, data_path"):
+        registry.register_input("bad_flags", data_flags=flags)
+
+
+def test_builtin_inputs_declare_what_they_read():
+    assert {n: INPUTS.get(n).data_flags for n in ("cifar", "digits", "tabular")} == {
+        "cifar": ("data_dir", "synthetic"), "digits": ("synthetic",),
+        "tabular": ("data_dir", "data_path", "label_column", "synthetic")}

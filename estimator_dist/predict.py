@@ -67,8 +67,9 @@ def read_npy(path: str, specs) -> Dict[str, np.ndarray]:
     return {name: array.reshape([-1] + shape).astype(spec.dtype.as_numpy_dtype)}
 
 
-def _numeric(cells, column, lines, path):
-    """One column's cells as float64; a missing, non-numeric or infinite cell is refused."""
+def _numeric(cells, column, lines, path, dtype):
+    """One column's cells as `dtype`; a missing, non-numeric or infinite cell is refused, and
+    so is a number beyond a float dtype's range (1e300 would reach a float32 model as inf)."""
     text = pd.Series(cells, dtype=object).str.strip()
     missing = csv_rows.missing(cells)
     values = pd.to_numeric(text.where(~missing), errors="coerce").to_numpy(np.float64)
@@ -82,7 +83,16 @@ def _numeric(cells, column, lines, path):
         if np.isnan(values[row]) and not _overflows(text.iloc[row]):
             raise UserError(f"{where}: {cells[row]!r} is not a number")
         raise UserError(f"{where}: {cells[row]!r} is not a finite number; fix the value")
-    return values
+    if np.issubdtype(dtype, np.floating):
+        with np.errstate(over="ignore"):
+            cast = values.astype(dtype)
+        if not np.isfinite(cast).all():
+            row = int(np.argmax(~np.isfinite(cast)))
+            raise UserError(f"--input {path} line {lines[row]} column '{column}': {cells[row]!r} is "
+                            f"beyond the range of {np.dtype(dtype).name}, the model's feature "
+                            f"type; fix the value")
+        return cast
+    return values.astype(dtype)
 
 
 def _overflows(text: str) -> bool:
@@ -105,8 +115,9 @@ def read_csv(path: str, specs) -> Dict[str, np.ndarray]:
         (name, spec), = specs.items()
         shape = _feature_shape(spec)
         if shape and name not in by_key:  # a wide CSV: every column is one value of the feature
-            values = np.stack([_numeric(cells[:, j], c, lines, path) for j, c in enumerate(header)],
-                              axis=1)
+            dtype = spec.dtype.as_numpy_dtype
+            values = np.stack([_numeric(cells[:, j], c, lines, path, dtype)
+                               for j, c in enumerate(header)], axis=1)
             return read_npy_like(values, name, spec, path)
     features = {}
     for name, spec in specs.items():
@@ -121,8 +132,8 @@ def read_csv(path: str, specs) -> Dict[str, np.ndarray]:
         if spec.dtype == tf.string:
             features[name] = column.astype(object)
         else:
-            features[name] = _numeric(column, header[matches[0]], lines,
-                                      path).astype(spec.dtype.as_numpy_dtype)
+            features[name] = _numeric(column, header[matches[0]], lines, path,
+                                      spec.dtype.as_numpy_dtype)
     return features
 
 

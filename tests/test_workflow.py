@@ -235,6 +235,7 @@ def test_predict_csv_names_a_missing_number_as_missing(tmp_path, cell):
     ("inf", "'inf' is not a finite number; fix the value"),
     ("-Infinity", "'-Infinity' is not a finite number; fix the value"),
     ("1e400", "'1e400' is not a finite number; fix the value"),
+    ("1e300", "'1e300' is beyond the range of float32, the model's feature type; fix the value"),
 ])
 def test_predict_csv_refuses_text_and_infinity_on_the_right_line(tmp_path, cell, problem):
     """inf was fed to the model; a blank line or a quoted newline put the line number off

@@ -19,7 +19,7 @@ from estimator_dist import checkpoints
 from estimator_dist import numerics
 from estimator_dist import preemption
 from estimator_dist import storage
-from estimator_dist.errors import ReportedError
+from estimator_dist.errors import ReportedError, first_line
 
 
 class GuardHook(tf.compat.v1.train.SessionRunHook):
@@ -78,17 +78,23 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
 class TrainingGuard:
     """Context manager around `train_and_evaluate`; `attach(train_spec)` adds its hook.
 
-    role: local, chief, worker, ps or evaluator. Only a local run handles SIGTERM:
-    a cluster task's step waits for peers that may be gone, so there SIGTERM
-    keeps its default, immediate exit. After a failure a task removes only the
-    temp files of what it writes: checkpoints (local, chief), exports (local,
-    evaluator).
+    role: local, chief, worker, ps or evaluator. A local run handles SIGTERM (a final
+    checkpoint, exit 143), and so does a cluster's chief when it saves alone
+    (`chief_saves_alone`: parameter servers, Horovod), within a deadline, as its step
+    waits for peers that may be stopping too (preemption.py). Under
+    multi_worker_mirrored every worker takes part in a save (Keras batch norm's
+    statistics are all-reduced when read), so a chief saving by itself waits forever
+    (measured): there, as on every other task, SIGTERM keeps its default, immediate
+    exit. After a failure a task removes only the temp files of what it writes:
+    checkpoints (local, chief), exports (local, evaluator).
     """
 
-    def __init__(self, model_dir: str, runs_per_step: int = 1, role: str = "local"):
+    def __init__(self, model_dir: str, runs_per_step: int = 1, role: str = "local",
+                 chief_saves_alone: bool = True):
         self.model_dir = model_dir
         self.role = role
         self.hook = GuardHook(model_dir, runs_per_step)
+        self.handles_sigterm = role == "local" or (role == "chief" and chief_saves_alone)
 
     def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:
         return tf.estimator.TrainSpec(train_spec.input_fn, train_spec.max_steps,
@@ -99,6 +105,9 @@ class TrainingGuard:
         if self.hook.stop_requested:
             return
         self.hook.stop_requested = True
+        if self.role == "chief":
+            preemption.exit_by_deadline(
+                preemption.PEER_DEADLINE_S, lambda: tf.train.latest_checkpoint(self.model_dir))
         if not self.hook.active:  # no training step to finish: stop now
             raise preemption.preempted_outside_training(tf.train.latest_checkpoint(self.model_dir))
 
@@ -113,7 +122,7 @@ class TrainingGuard:
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(storage.not_world_writable())
         self._stack.enter_context(preemption.on_sigterm(self._on_sigterm,
-                                                        enabled=self.role == "local"))
+                                                        enabled=self.handles_sigterm))
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -123,6 +132,10 @@ class TrainingGuard:
         storage.remove(storage.temp_entries(self._watched()) - self._before)
         if isinstance(exc, ReportedError):
             return False
+        if self.hook.stop_requested and isinstance(exc, tf.errors.OpError):
+            step = self.hook.step + 1 if self.hook.step is not None else None
+            raise preemption.preempted_by_peers(step, first_line(exc),
+                                                tf.train.latest_checkpoint(self.model_dir)) from None
         if numerics.is_non_finite(exc):
             step = self.hook.step + 1 if self.hook.step is not None else None
             raise numerics.non_finite_error(exc, step, tf.train.latest_checkpoint(self.model_dir),

@@ -8,10 +8,19 @@ saver and raises Preempted, which skips the evaluation and export that a normal
 end of training would start (they could outlast the grace period). The process
 exits 143 (128 + SIGTERM), the code schedulers treat as retryable, and rerunning
 the same command resumes from that checkpoint.
+
+In a cluster the chief (the one task that writes checkpoints) does the same when
+it saves alone (parameter servers, Horovod), but its step in flight waits for its
+peers, which a scheduler may be stopping at the same moment: so a deadline
+(`PEER_DEADLINE_S`) starts with the signal, after which the task exits 143 at
+once, as it did by default. Other tasks, and every task of multi_worker_mirrored
+(whose saves need every worker: guards.TrainingGuard), keep the default immediate
+exit.
 """
 import contextlib
 import os
 import signal
+import sys
 import threading
 
 import tensorflow as tf
@@ -19,6 +28,9 @@ import tensorflow as tf
 from estimator_dist.errors import EXIT_PREEMPTED, Preempted
 
 CHECKPOINT_BASENAME = "model.ckpt"  # Estimator's CheckpointSaverHook name
+# A cluster chief's time from SIGTERM to exit, at most: under Kubernetes' default grace
+# period (30 s) before SIGKILL.
+PEER_DEADLINE_S = 20.0
 
 
 @contextlib.contextmanager
@@ -57,4 +69,31 @@ def preempted(step: int, checkpoint, latest=None) -> Preempted:
 def preempted_outside_training(checkpoint) -> Preempted:
     where = f"the latest checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written"
     return Preempted(f"SIGTERM outside a training step: {where}; exit code {EXIT_PREEMPTED} "
+                     f"(retryable); rerun the same command to resume")
+
+
+def exit_by_deadline(seconds: float, latest):
+    """Exit 143 in `seconds` unless the process ends first (a daemon timer; `latest()` names
+    the checkpoint a rerun resumes from)."""
+    def give_up():
+        checkpoint = latest()
+        where = f"the latest checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written"
+        sys.stderr.write(f"estimator-dist: preempted: SIGTERM: the step in flight did not end "
+                         f"within {seconds:.0f} s (its peers may be gone); no final checkpoint; "
+                         f"{where}; exit code {EXIT_PREEMPTED} (retryable); rerun the same "
+                         f"command to resume\n")
+        sys.stderr.flush()
+        os._exit(EXIT_PREEMPTED)  # noqa: SLF001 - threads blocked in TensorFlow never return
+
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def preempted_by_peers(step, error, latest) -> Preempted:
+    """After SIGTERM the step failed, its peers gone (stopped by the same scheduler)."""
+    where = f"the latest checkpoint is {latest}" if latest else "no checkpoint was written"
+    return Preempted(f"SIGTERM at step {step}: the step in flight failed ({error}), its peers "
+                     f"stopping too; no final checkpoint; {where}; exit code {EXIT_PREEMPTED} "
                      f"(retryable); rerun the same command to resume")

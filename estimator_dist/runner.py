@@ -620,7 +620,9 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
                             summary_dir=p.model_dir if p.writes_run_files else None)
     train_spec, eval_spec = build_specs(p, training_hooks(p, estimator, progress, say))
     started = time.perf_counter()
-    with guards.TrainingGuard(p.model_dir, config.distribute.accumulate_steps, p.role) as guard:
+    with guards.TrainingGuard(p.model_dir, config.distribute.accumulate_steps, p.role,
+                              chief_saves_alone=config.distribute.strategy != "multi_worker_mirrored") \
+            as guard:
         if p.ranks and not p.ranks.is_root:
             result = train_rank(estimator, guard.attach(train_spec), start_step)
         else:

@@ -298,6 +298,53 @@ def test_task_that_never_listens_hits_the_startup_deadline():
     assert tasks[0].process.poll() is not None  # stopped, not orphaned
 
 
+def wait_for(run, pattern, start=0, seconds=180):
+    """(the first match of `pattern` in the run's lines from line `start` on, the index of
+    its line), waiting for it."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for i, line in enumerate(list(run.lines)[start:], start):
+            m = re.search(pattern, line)
+            if m:
+                return m, i
+        if run.proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"no line matching {pattern!r}:\n" + run.text)
+
+
+def test_sigterm_to_the_chief_saves_a_final_checkpoint_and_the_cluster_resumes_from_it(tmp_path):
+    """A preempted chief (parameter servers: it saves alone) finishes its step, saves, exits
+    143; the launcher restarts the cluster, which resumes from that checkpoint. It used to
+    die at once, losing every step since the last periodic checkpoint. (One training task:
+    on this 2-core machine a second one starves the chief, whose step then outlasts the
+    deadline.)"""
+    model_dir = str(tmp_path / "run")
+    run = Run(["--workers", "1", "--ps", "1", "--strategy", "parameter_server",
+               "--train_steps", "1000000", "--save_checkpoints_steps", "1000000",
+               "--max_restarts", "1", "--model_dir", model_dir] + TRAIN)
+    try:
+        wait_for(run, r"^\[chief:0\] step \d+/")
+        os.kill(run.pid_of("chief:0"), signal.SIGTERM)
+        saved, _ = wait_for(run, r"^\[chief:0\] estimator-dist: preempted: SIGTERM at step (\d+): "
+                                 r"saved (\S+)/model\.ckpt-(\d+); exit code 143 \(retryable\)")
+        step = int(saved.group(1))
+        assert step > 0 and int(saved.group(3)) == step and saved.group(2) == model_dir
+        wait_for(run, r"\[launcher\] chief:0 exited with code 143; restarting the whole cluster")
+        _, resumed = wait_for(run, rf"^\[chief:0\] resuming from the checkpoint at step {step} in ")
+        wait_for(run, r"^\[chief:0\] step \d+/", start=resumed)
+        run.proc.send_signal(signal.SIGTERM)  # Ctrl-C of the launcher: the new chief saves too
+        assert run.wait() == 130, run.text
+        again = re.findall(r"^\[chief:0\] estimator-dist: preempted: SIGTERM at step (\d+): saved",
+                           run.text, re.M)
+        assert len(again) == 2 and int(again[1]) > step, run.text
+    finally:  # a failed step above must not leave the cluster running
+        if run.proc.poll() is None:
+            run.proc.send_signal(signal.SIGTERM)
+            run.proc.wait(60)
+    assert checkpoint_steps(model_dir)[-1] == int(again[1])
+
+
 def test_sigterm_stops_every_task(tmp_path):
     run = Run(["--workers", "2", "--ps", "1", "--evaluator", "--strategy", "parameter_server",
                "--train_steps", "100000", "--model_dir", str(tmp_path / "run")] + TRAIN)

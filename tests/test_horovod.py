@@ -25,7 +25,7 @@ from estimator_dist import horovod as hvd_lib
 from estimator_dist import launcher
 from estimator_dist import runner
 from estimator_dist.errors import UserError
-from test_cluster import REPO, Run, alive, checkpoint_steps
+from test_cluster import REPO, Run, alive, checkpoint_steps, wait_for
 
 import horovod_inputs  # noqa: F401 - registers tiny_stream, uneven, crash_once
 
@@ -192,6 +192,27 @@ def test_sigterm_stops_every_rank(ranks_env, tmp_path):
     assert run.wait() == 130, run.text
     time.sleep(1)
     assert not [p for p in pids if alive(p)], run.text
+
+
+@needs_horovod
+def test_sigterm_to_rank_0_saves_a_final_checkpoint(ranks_env, tmp_path):
+    """Rank 0 writes the checkpoints and saves alone: on SIGTERM it finishes its step, saves
+    and exits 143 (then the launcher restarts the ranks, which resume from it)."""
+    model_dir = tmp_path / "run"
+    run = launch(model_dir, "--input", "tiny_stream", "--train_steps", 10 ** 7,
+                 "--save_checkpoints_steps", 10 ** 6, "--max_restarts", 1)
+    try:
+        wait_for(run, r"^\[rank:0\] step \d+/")
+        os.kill(run.pid_of("rank:0"), signal.SIGTERM)
+        saved, _ = wait_for(run, r"^\[rank:0\] estimator-dist: preempted: SIGTERM at step (\d+): "
+                                 r"saved \S+/model\.ckpt-(\d+); exit code 143")
+        step = int(saved.group(1))
+        assert step > 0 and int(saved.group(2)) == step and step in checkpoint_steps(model_dir)
+        wait_for(run, rf"^\[rank:0\] resuming from the checkpoint at step {step} in ")
+    finally:
+        if run.proc.poll() is None:
+            run.proc.send_signal(signal.SIGTERM)
+            run.proc.wait(60)
 
 
 @needs_horovod

@@ -313,6 +313,20 @@ def wait_for(run, pattern, start=0, seconds=180):
     raise AssertionError(f"no line matching {pattern!r}:\n" + run.text)
 
 
+def preempt_and_resume(run, task, model_dir):
+    """SIGTERM to `task` once it trains: (the step of the final checkpoint it saved, the line
+    where the restarted task resumes from it)."""
+    wait_for(run, rf"^\[{task}\] step \d+/")
+    os.kill(run.pid_of(task), signal.SIGTERM)
+    saved, _ = wait_for(run, rf"^\[{task}\] estimator-dist: preempted: SIGTERM at step (\d+): "
+                             r"saved (\S+)/model\.ckpt-(\d+); exit code 143 \(retryable\)")
+    step = int(saved.group(1))
+    assert step > 0 and int(saved.group(3)) == step and saved.group(2) == str(model_dir)
+    assert step in checkpoint_steps(model_dir)
+    _, resumed = wait_for(run, rf"^\[{task}\] resuming from the checkpoint at step {step} in ")
+    return step, resumed
+
+
 def test_sigterm_to_the_chief_saves_a_final_checkpoint_and_the_cluster_resumes_from_it(tmp_path):
     """A preempted chief (parameter servers: it saves alone) finishes its step, saves, exits
     143; the launcher restarts the cluster, which resumes from that checkpoint. It used to
@@ -324,14 +338,8 @@ def test_sigterm_to_the_chief_saves_a_final_checkpoint_and_the_cluster_resumes_f
                "--train_steps", "1000000", "--save_checkpoints_steps", "1000000",
                "--max_restarts", "1", "--model_dir", model_dir] + TRAIN)
     try:
-        wait_for(run, r"^\[chief:0\] step \d+/")
-        os.kill(run.pid_of("chief:0"), signal.SIGTERM)
-        saved, _ = wait_for(run, r"^\[chief:0\] estimator-dist: preempted: SIGTERM at step (\d+): "
-                                 r"saved (\S+)/model\.ckpt-(\d+); exit code 143 \(retryable\)")
-        step = int(saved.group(1))
-        assert step > 0 and int(saved.group(3)) == step and saved.group(2) == model_dir
-        wait_for(run, r"\[launcher\] chief:0 exited with code 143; restarting the whole cluster")
-        _, resumed = wait_for(run, rf"^\[chief:0\] resuming from the checkpoint at step {step} in ")
+        step, resumed = preempt_and_resume(run, "chief:0", model_dir)
+        assert "[launcher] chief:0 exited with code 143; restarting the whole cluster" in run.text
         wait_for(run, r"^\[chief:0\] step \d+/", start=resumed)
         run.proc.send_signal(signal.SIGTERM)  # Ctrl-C of the launcher: the new chief saves too
         assert run.wait() == 130, run.text

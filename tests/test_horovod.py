@@ -25,7 +25,7 @@ from estimator_dist import horovod as hvd_lib
 from estimator_dist import launcher
 from estimator_dist import runner
 from estimator_dist.errors import UserError
-from test_cluster import REPO, Run, alive, checkpoint_steps, wait_for
+from test_cluster import REPO, Run, alive, checkpoint_steps, preempt_and_resume
 
 import horovod_inputs  # noqa: F401 - registers tiny_stream, uneven, crash_once
 
@@ -202,13 +202,7 @@ def test_sigterm_to_rank_0_saves_a_final_checkpoint(ranks_env, tmp_path):
     run = launch(model_dir, "--input", "tiny_stream", "--train_steps", 10 ** 7,
                  "--save_checkpoints_steps", 10 ** 6, "--max_restarts", 1)
     try:
-        wait_for(run, r"^\[rank:0\] step \d+/")
-        os.kill(run.pid_of("rank:0"), signal.SIGTERM)
-        saved, _ = wait_for(run, r"^\[rank:0\] estimator-dist: preempted: SIGTERM at step (\d+): "
-                                 r"saved \S+/model\.ckpt-(\d+); exit code 143")
-        step = int(saved.group(1))
-        assert step > 0 and int(saved.group(2)) == step and step in checkpoint_steps(model_dir)
-        wait_for(run, rf"^\[rank:0\] resuming from the checkpoint at step {step} in ")
+        preempt_and_resume(run, "rank:0", model_dir)
     finally:
         if run.proc.poll() is None:
             run.proc.send_signal(signal.SIGTERM)

@@ -23,10 +23,11 @@ PREFIX = "model.ckpt"
 INDEX_RE = re.compile(r"^model\.ckpt-(\d+)\.index$")
 SHARD_RE = re.compile(r"\.data-(\d+)-of-(\d+)$")
 TEMP_RE = re.compile(r"^model\.ckpt-\d+_temp$")
-# Optimizer slots and bookkeeping left in a checkpoint by another optimizer: the
-# model graph does not restore them and losing them loses nothing trained.
+# Optimizer slots and bookkeeping left in a checkpoint by another optimizer, and
+# variables training hooks add (--early_stop's stop signal): the model graph does
+# not hold them and losing them loses nothing trained.
 SLOT_SUFFIXES = ("/Momentum", "/Adam", "/Adam_1", "/RMSProp", "/RMSProp_1", "/Adagrad")
-SLOT_NAMES = ("beta1_power", "beta2_power")
+SLOT_NAMES = ("beta1_power", "beta2_power", "signal_early_stopping/STOP")
 SHOWN = 6  # names listed in one error line before "and N more"
 SHAPES_SHOWN = 3  # shape differences spelled out in one error line
 # Builds the model's graph and returns its variables, {name: shape}.

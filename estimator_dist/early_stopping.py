@@ -17,6 +17,8 @@ from tensorflow_estimator.python.estimator.early_stopping import read_eval_metri
 
 from estimator_dist.errors import UserError
 
+STOP_VARIABLE = "signal_early_stopping/STOP"  # TensorFlow's early-stopping hooks' variable
+
 
 def improvements(values, higher: bool, min_delta: float):
     """For each evaluation, whether it beat the best so far by more than min_delta."""
@@ -71,7 +73,44 @@ def make_hook(estimator, metric: str, higher: bool, patience: int, min_delta: fl
     every_steps = max(1, every_steps)
     strategy = estimator.config.train_distribute
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return tf_early_stopping._MultiWorkerEarlyStoppingHook(should_stop, every_steps)  # pylint: disable=protected-access
-    if estimator.config.is_chief:
-        return tf_early_stopping._StopOnPredicateHook(should_stop, None, every_steps)  # pylint: disable=protected-access
-    return tf_early_stopping._CheckForStoppingHook()  # pylint: disable=protected-access
+        hook = tf_early_stopping._MultiWorkerEarlyStoppingHook(should_stop, every_steps)  # pylint: disable=protected-access
+    elif estimator.config.is_chief:
+        hook = tf_early_stopping._StopOnPredicateHook(should_stop, None, every_steps)  # pylint: disable=protected-access
+    else:
+        hook = tf_early_stopping._CheckForStoppingHook()  # pylint: disable=protected-access
+    return UnsavedStopSignal(hook)
+
+
+class UnsavedStopSignal(tf.compat.v1.train.SessionRunHook):
+    """`hook` with its stop signal variable (signal_early_stopping/STOP) kept out of checkpoints.
+
+    TensorFlow's hooks create it as a global variable, so a checkpoint written
+    without --early_stop could not be resumed with it (the restore of the missing
+    variable fails) and one written with it carried a stale stop signal. Here it is
+    a local variable: initialized (False) by every task's session, never saved.
+    """
+
+    def __init__(self, hook):
+        self._hook = hook
+
+    def begin(self):
+        self._hook.begin()
+        graph = tf.compat.v1.get_default_graph()
+        stop = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+                if v.op.name == STOP_VARIABLE or getattr(v, "name", "").startswith(STOP_VARIABLE + ":")]
+        global_vars = graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        for variable in stop:
+            global_vars.remove(variable)
+            graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, variable)
+
+    def after_create_session(self, session, coord):
+        self._hook.after_create_session(session, coord)
+
+    def before_run(self, run_context):
+        return self._hook.before_run(run_context)
+
+    def after_run(self, run_context, run_values):
+        self._hook.after_run(run_context, run_values)
+
+    def end(self, session):
+        self._hook.end(session)

@@ -259,3 +259,19 @@ def test_model_variables_are_what_every_strategy_saves(model, strategy, n, accum
     saved = tf.train.load_checkpoint(str(tmp_path)).get_variable_to_shape_map()
     assert variables == {k: list(v) for k, v in saved.items()}
     assert any(name.endswith("/Momentum") for name in variables)
+
+
+def test_a_run_resumes_with_or_without_early_stop(tmp_path):
+    """TensorFlow's early-stopping hook adds a global variable: a checkpoint written with
+    --early_stop was refused without it ('signal_early_stopping/STOP' that the model lacks),
+    and one written without it failed to restore with it (NotFoundError traceback)."""
+    import tensorflow as tf
+
+    from conftest import quick_train
+
+    every = dict(eval_every=10, save_checkpoints_steps=10, export="none")
+    early = dict(every, early_stop="loss", patience=100)
+    assert quick_train(tmp_path, steps=20, **early)["global_step"] == 20
+    assert quick_train(tmp_path, steps=30, **every)["global_step"] == 30
+    assert quick_train(tmp_path, steps=40, **early)["global_step"] == 40
+    assert not [n for n, _ in tf.train.list_variables(str(tmp_path)) if "early_stopping" in n]

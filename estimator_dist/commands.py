@@ -62,6 +62,9 @@ def export(args):
 def predict(args):
     from estimator_dist import predict as predict_lib
 
+    if args.output:
+        predict_lib.check_output_path(args.output)
+
     frame = predict_lib.predict_file(args.saved_model, args.input_path, args.batch_size)
     if args.output:
         files.write_file(args.output, lambda tmp: frame.to_csv(tmp, index=False))

@@ -1,6 +1,7 @@
 """Run a SavedModel's serving_default signature on a CSV or .npy file; results as a DataFrame."""
 import os
 import re
+import tempfile
 from typing import Dict
 
 import numpy as np
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 from estimator_dist import csv_rows
 from estimator_dist import export as export_lib
+from estimator_dist import errors
 from estimator_dist.errors import UserError
 
 SIGNATURE = "serving_default"
@@ -43,7 +45,22 @@ def input_specs(signature) -> Dict[str, tf.TensorSpec]:
 
 
 def _feature_shape(spec):
-    return [int(d) for d in spec.shape[1:]]
+    """The shape of one example; a dimension the signature leaves open is None."""
+    return [None if d is None else int(d) for d in spec.shape[1:]]
+
+
+def _size(shape) -> int:
+    """Values per example; -1 when a dimension is open (the count is not fixed)."""
+    return -1 if None in shape else int(np.prod(shape, dtype=np.int64))
+
+
+def _fits(shape, expected) -> bool:
+    return len(shape) == len(expected) and all(e is None or s == e
+                                               for s, e in zip(shape, expected))
+
+
+def _shape_text(shape) -> str:
+    return ", ".join("?" if d is None else str(d) for d in shape)
 
 
 def read_npy(path: str, specs) -> Dict[str, np.ndarray]:
@@ -56,15 +73,60 @@ def read_npy(path: str, specs) -> Dict[str, np.ndarray]:
     except (ValueError, OSError) as e:
         raise UserError(f"--input {path}: not a readable .npy array ({e})") from None
     shape = _feature_shape(spec)
-    flat = array.ndim == 2 and array.shape[1] == int(np.prod(shape))  # one example per row
-    if list(array.shape[1:]) != shape and not flat:
+    size = _size(shape)
+    flat = array.ndim == 2 and size >= 0 and array.shape[1] == size  # one example per row
+    if not _fits(list(array.shape[1:]), shape) and not flat:
         raise UserError(f"--input {path}: array of shape {list(array.shape)} does not fit feature "
-                        f"'{name}' of shape [N, {', '.join(map(str, shape))}] (or [N, "
-                        f"{int(np.prod(shape))}], one flattened example per row)")
+                        f"'{name}' of shape [N, {_shape_text(shape)}]"
+                        + (f" (or [N, {size}], one flattened example per row)" if size >= 0 else ""))
     if array.dtype.kind not in "biuf":
         raise UserError(f"--input {path}: array of dtype {array.dtype}; feature '{name}' takes "
                         f"{spec.dtype.name} numbers (save a real-valued array)")
-    return {name: array.reshape([-1] + shape).astype(spec.dtype.as_numpy_dtype)}
+    if array.shape[0] == 0:
+        raise UserError(f"--input {path}: array of shape {list(array.shape)} holds no examples; "
+                        f"give at least one")
+    values = _cast(array, name, spec, path)
+    if not _fits(list(values.shape[1:]), shape):  # [N, prod(shape)]: the shape is all known
+        values = values.reshape([len(values)] + shape)
+    return {name: values}
+
+
+def _cast(array, name, spec, path) -> np.ndarray:
+    """`array` as the feature's dtype; a NaN/Inf, a number beyond that dtype's range, or a
+    fraction for an integer feature is refused (a cast would change it silently)."""
+    dtype = np.dtype(spec.dtype.as_numpy_dtype)
+    where = f"--input {path}: feature '{name}'"
+    if array.dtype.kind == "f":
+        bad = ~np.isfinite(array)
+        if bad.any():
+            index = _index(bad)
+            raise UserError(f"{where}: value {array[index]} at index {index} is not a finite "
+                            f"number; fix or drop that example (values are not imputed)")
+    if dtype.kind == "f":
+        with np.errstate(over="ignore"):
+            cast = array.astype(dtype)
+        bad = ~np.isfinite(cast)
+        if bad.any():
+            index = _index(bad)
+            raise UserError(f"{where}: value {array[index]} at index {index} is beyond the range "
+                            f"of {dtype.name}, the model's feature type; fix the value")
+        return cast
+    if dtype.kind in "iu" and array.dtype.kind in "fiu":
+        info = np.iinfo(dtype)
+        bad = (array < info.min) | (array > info.max)
+        if array.dtype.kind == "f":
+            bad |= array != np.floor(array)
+        if bad.any():
+            index = _index(bad)
+            raise UserError(f"{where}: value {array[index]} at index {index} is not a {dtype.name} "
+                            f"(the model's feature type: whole numbers {info.min}..{info.max}); "
+                            f"fix the value")
+    return array.astype(dtype)
+
+
+def _index(mask: np.ndarray):
+    """The first True position of `mask`, as a tuple of ints."""
+    return tuple(int(i) for i in np.argwhere(mask)[0])
 
 
 def _numeric(cells, column, lines, path, dtype):
@@ -128,31 +190,65 @@ def read_csv(path: str, specs) -> Dict[str, np.ndarray]:
         if len(matches) > 1:
             raise UserError(f"--input {path}: columns {', '.join(repr(header[j]) for j in matches)} "
                             f"all match feature '{name}'; rename or remove all but one")
-        column = cells[:, matches[0]]
+        column, shape = cells[:, matches[0]], _feature_shape(spec)
+        if _size(shape) != 1:  # a cell holds one value; TensorFlow aborted on [N] for [N, 8, 8, 1]
+            raise UserError(_one_column_error(path, header[matches[0]], name, shape, len(specs)))
         if spec.dtype == tf.string:
-            features[name] = column.astype(object)
+            values = column.astype(object)
         else:
-            features[name] = _numeric(column, header[matches[0]], lines, path,
-                                      spec.dtype.as_numpy_dtype)
+            values = _numeric(column, header[matches[0]], lines, path, spec.dtype.as_numpy_dtype)
+        features[name] = values.reshape([len(values)] + shape)
     return features
+
+
+def _one_column_error(path, column, name, shape, n_features) -> str:
+    size = _size(shape)
+    needs = f"{size} values" if size >= 0 else "a varying number of values"
+    fix = (f"give a wide CSV with one column per value ({size} columns, none named '{name}') or "
+           f"a .npy array of shape [N, {_shape_text(shape)}]" if n_features == 1 and size > 0
+           else "predict reads such a feature only from a wide CSV or a .npy, and those feed a "
+                "model with a single feature")
+    return (f"--input {path}: column '{column}' gives one value per row, but feature '{name}' "
+            f"has shape [{_shape_text(shape)}] ({needs} per example); {fix}")
 
 
 def read_npy_like(values, name, spec, path):
     shape = _feature_shape(spec)
-    if values.shape[1] != int(np.prod(shape)):
+    if values.shape[1] != _size(shape):
         raise UserError(f"--input {path}: {values.shape[1]} columns, but feature '{name}' needs "
-                        f"{int(np.prod(shape))} values per row (shape {shape})")
+                        f"{_size(shape)} values per row (shape {shape})")
     return {name: values.reshape([-1] + shape).astype(spec.dtype.as_numpy_dtype)}
 
 
 def read_inputs(path: str, specs) -> Dict[str, np.ndarray]:
+    if os.path.isdir(path):
+        raise UserError(f"--input {path}: is a directory; give the .csv or .npy file itself")
     if not os.path.isfile(path):
         raise UserError(f"--input {path}: no such file")
     if path.endswith(".npy"):
-        return read_npy(path, specs)
-    if path.endswith(".csv"):
-        return read_csv(path, specs)
-    raise UserError(f"--input {path}: unsupported file type; give a .csv or .npy file")
+        features = read_npy(path, specs)
+    elif path.endswith(".csv"):
+        features = read_csv(path, specs)
+    else:
+        raise UserError(f"--input {path}: unsupported file type; give a .csv or .npy file")
+    check_features(features, specs, path)
+    return features
+
+
+def check_features(features: Dict[str, np.ndarray], specs, path: str):
+    """Every feature [N] + its shape, the same N > 0 for all: TensorFlow may abort the process
+    (a failed Check, not an exception) on a tensor of another rank."""
+    counts = {len(v) for v in features.values()}
+    for name, spec in specs.items():
+        shape = list(features[name].shape)
+        if not _fits(shape[1:], _feature_shape(spec)):
+            raise UserError(f"--input {path}: feature '{name}' was read as shape {shape}, but the "
+                            f"model takes [N, {_shape_text(_feature_shape(spec))}]")
+    if counts == {0}:
+        raise UserError(f"--input {path}: holds no examples; give at least one")
+    if len(counts) > 1:
+        raise UserError(f"--input {path}: the features have different example counts "
+                        f"({', '.join(f'{k}: {len(v)}' for k, v in features.items())})")
 
 
 def run(signature, features: Dict[str, np.ndarray], batch_size: int) -> Dict[str, np.ndarray]:
@@ -162,6 +258,45 @@ def run(signature, features: Dict[str, np.ndarray], batch_size: int) -> Dict[str
         batch = {k: tf.constant(v[start:start + batch_size]) for k, v in features.items()}
         chunks.append({k: t.numpy() for k, t in signature(**batch).items()})
     return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]} if chunks else {}
+
+
+def tf_message(error: tf.errors.OpError) -> str:
+    """The line of a TensorFlow error that says what failed, without "Graph execution error:",
+    the "Detected at node" stack and the "[[{{node ...}}]]" suffix."""
+    for line in (error.message or "").splitlines():
+        text = re.sub(r"\s*\[\[\{\{node .*$", "", line).strip()
+        if text and not line[:1].isspace() and not re.match(
+                r"(Graph execution error:|Detected at node|<stack traces|File )", text):
+            return text[:300]
+    return errors.first_line(error)
+
+
+def model_dir_of(saved_model: str) -> str:
+    """The model_dir a SavedModel was exported into (MODEL_DIR/export/...), else 'MODEL_DIR'."""
+    parts = os.path.abspath(saved_model).split(os.sep)
+    if export_lib.EXPORT_SUBDIR in parts[1:]:
+        index = len(parts) - 1 - parts[::-1].index(export_lib.EXPORT_SUBDIR)
+        return os.sep.join(parts[:index]) or os.sep
+    return "MODEL_DIR"
+
+
+def check_output_path(path: str):
+    """Refuse a --output that cannot be written, before the model runs (the write's own
+    errors named the temp file or, from pandas, no file at all)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UserError(f"--output {path}: is a directory; give a file path such as "
+                        f"{os.path.join(path, 'predictions.csv')}")
+    if not os.path.isdir(parent):
+        raise UserError(f"--output {path}: its directory {parent} does not exist; create it or "
+                        f"give another path")
+    try:  # what the write will do: create a file next to `path`, then rename it
+        fd, probe = tempfile.mkstemp(prefix=".estimator-dist-probe-", dir=parent)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"--output {path}: cannot create a file in {parent} ({e.strerror or e}); "
+                        f"give a path in a directory you can write to") from None
 
 
 def to_frame(outputs: Dict[str, np.ndarray]) -> pd.DataFrame:
@@ -184,4 +319,10 @@ def predict_file(saved_model: str, input_path: str, batch_size: int = 256) -> pd
     path = find_saved_model(saved_model)
     _, signature = load_signature(path)
     features = read_inputs(input_path, input_specs(signature))
-    return to_frame(run(signature, features, batch_size))
+    try:
+        outputs = run(signature, features, batch_size)
+    except tf.errors.OpError as e:
+        raise UserError(f"SavedModel {path} failed on --input {input_path}: {tf_message(e)}; if its "
+                        f"graph does not match its variables, re-export it with estimator-dist "
+                        f"export --model_dir {model_dir_of(path)}") from None
+    return to_frame(outputs)

@@ -5,6 +5,7 @@ import pty
 import re
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -252,3 +253,142 @@ def test_predict_csv_numbers_may_have_spaces(tmp_path):
     wide = write_csv(tmp_path, "p0,p1,p2,p3\n1, 2 ,3,4\n\n5,6,7, 8\n", "wide.csv")
     np.testing.assert_array_equal(predict.read_csv(wide, IMAGE)["image"],
                                   np.arange(1, 9, dtype=np.float32).reshape(2, 2, 2))
+
+
+DIGITS = {"image": tf.TensorSpec([None, 8, 8, 1], tf.float32)}
+
+
+def test_predict_csv_refuses_one_column_for_a_feature_of_many_values(tmp_path):
+    """A column named 'image' gave the [8, 8, 1] feature one value per row: TensorFlow aborted
+    the process (a failed Check in tensor_format.h, exit -6)."""
+    path = write_csv(tmp_path, "image\n0.5\n")
+    refused(path, DIGITS, ": column 'image' gives one value per row, but feature 'image' has "
+                          "shape [8, 8, 1] (64 values per example); give a wide CSV with one "
+                          "column per value (64 columns, none named 'image') or a .npy array of "
+                          "shape [N, 8, 8, 1]")
+
+
+def test_predict_csv_column_of_a_one_value_feature_gets_the_feature_shape(tmp_path):
+    """A feature of shape [1] read from its column reached the model as [N], not [N, 1]."""
+    specs = {"age": tf.TensorSpec([None, 1], tf.float32), "city": tf.TensorSpec([None, 1], tf.string)}
+    features = predict.read_inputs(write_csv(tmp_path, "age,city\n1,a\n2,b\n"), specs)
+    assert features["age"].shape == (2, 1) and features["city"].shape == (2, 1)
+
+
+@pytest.mark.parametrize("array, problem", [
+    (np.full([2, 64], np.nan), "value nan at index (0, 0) is not a finite number; fix or drop that "
+                               "example (values are not imputed)"),
+    (np.concatenate([np.zeros([1, 8, 8, 1]), np.full([1, 8, 8, 1], -np.inf)]),
+     "value -inf at index (1, 0, 0, 0) is not a finite number; fix or drop that example (values "
+     "are not imputed)"),
+    (np.full([1, 64], 1e300), "value 1e+300 at index (0, 0) is beyond the range of float32, the "
+                              "model's feature type; fix the value"),
+    (np.zeros([0, 8, 8, 1], np.float32), None),
+], ids=["nan", "inf", "1e300", "no_rows"])
+def test_predict_npy_refuses_what_the_csv_path_refuses(tmp_path, array, problem):
+    """NaN and Inf reached the model (exit 0); 1e300 became inf with a numpy RuntimeWarning; a
+    0-row array wrote an empty CSV with exit 0."""
+    path = str(tmp_path / "x.npy")
+    np.save(path, array)
+    message = (f"--input {path}: feature 'image': {problem}" if problem else
+               f"--input {path}: array of shape [0, 8, 8, 1] holds no examples; give at least one")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserError, match=f"^{re.escape(message)}$"):
+            predict.read_inputs(path, DIGITS)
+
+
+def test_predict_npy_refuses_a_fraction_or_overflow_for_an_integer_feature(tmp_path):
+    path = str(tmp_path / "x.npy")
+    specs = {"ids": tf.TensorSpec([None], tf.int32)}
+    for array, value in ((np.array([1.0, 2.5]), "2.5 at index (1,)"),
+                         (np.array([1, 2 ** 40]), f"{2 ** 40} at index (1,)")):
+        np.save(path, array)
+        with pytest.raises(UserError, match=re.escape(f"--input {path}: feature 'ids': value {value} "
+                                                      f"is not a int32 (the model's feature type")):
+            predict.read_inputs(path, specs)
+    np.save(path, np.array([1.0, 3.0]))
+    np.testing.assert_array_equal(predict.read_inputs(path, specs)["ids"], [1, 3])
+
+
+def test_predict_input_directory_is_named_a_directory(tmp_path):
+    """It said "no such file"."""
+    with pytest.raises(UserError, match=f"^{re.escape(f'--input {tmp_path}: is a directory; give the .csv or .npy file itself')}$"):
+        predict.read_inputs(str(tmp_path), DIGITS)
+
+
+def test_check_output_path_refuses_before_the_model_runs(tmp_path):
+    """A missing directory was a pandas traceback after the model ran; a directory or /proc
+    named the internal 'x.csv.tmp' file."""
+    missing = str(tmp_path / "nodir" / "x.csv")
+    cases = [
+        (missing, f"--output {missing}: its directory {tmp_path / 'nodir'} does not exist; create "
+                  f"it or give another path"),
+        (str(tmp_path), f"--output {tmp_path}: is a directory; give a file path such as "
+                        f"{tmp_path / 'predictions.csv'}"),
+        ("/proc/x.csv", "--output /proc/x.csv: cannot create a file in /proc (No such file or "
+                        "directory); give a path in a directory you can write to"),
+    ]
+    for path, message in cases:
+        with pytest.raises(UserError, match=f"^{re.escape(message)}$"):
+            predict.check_output_path(path)
+    predict.check_output_path(str(tmp_path / "ok.csv"))
+    assert os.listdir(tmp_path) == []
+
+
+def test_predict_file_reports_a_failing_signature_in_one_line(tmp_path):
+    """A SavedModel whose graph disagrees with its variables ("Matrix size-incompatible")
+    printed a 339-line InvalidArgumentError traceback. Here: a signature whose reshape fails at
+    run time in the same way, exported under a model_dir."""
+
+    class Broken(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.kernel = tf.Variable(tf.ones([5, 3]))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+        def serve(self, x):
+            rows = tf.reshape(x, tf.stack([-1, tf.shape(self.kernel)[0]]))
+            return {"logits": tf.matmul(rows, self.kernel)}
+
+    module = Broken()
+    saved = tmp_path / "md" / "export" / "final" / "123"
+    tf.saved_model.save(module, str(saved), signatures={"serving_default": module.serve})
+    path = str(tmp_path / "x.npy")
+    np.save(path, np.ones([2, 4], np.float32))
+    message = (f"SavedModel {saved} failed on --input {path}: Input to reshape is a tensor with 8 "
+               f"values, but the requested shape requires a multiple of 5; if its graph does not "
+               f"match its variables, re-export it with estimator-dist export --model_dir "
+               f"{tmp_path / 'md'}")
+    with pytest.raises(UserError, match=f"^{re.escape(message)}$"):
+        predict.predict_file(str(saved), path)
+
+
+def test_export_to_a_directory_that_cannot_be_written_is_one_line_and_leaves_nothing(tmp_path):
+    """--export_dir /proc/xyz was a 34-line NotFoundError traceback (a TensorFlow error, which
+    the CLI's OSError guard misses)."""
+    model_dir = str(tmp_path / "md")
+    with tf.Graph().as_default():
+        tf.compat.v1.train.create_global_step()
+        tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.ones_initializer())
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            checkpoint = tf.compat.v1.train.Saver().save(sess, os.path.join(model_dir, "model.ckpt"))
+
+    def model_fn(features, labels, mode):
+        w = tf.compat.v1.get_variable("w", [2])
+        output = tf.reduce_sum(features["x"] * w, axis=1)
+        return tf.estimator.EstimatorSpec(mode, predictions=output, export_outputs={
+            "serving_default": tf.estimator.export.PredictOutput({"y": output})})
+
+    estimator = tf.estimator.Estimator(model_fn, model_dir)
+    (tmp_path / "afile").write_text("x")
+    for base, reason in (("/proc/estimator-dist-test/x", "/proc/estimator-dist-test; No such "
+                                                         "file or directory"),
+                         (str(tmp_path / "afile" / "sub"), f"{tmp_path / 'afile'} is not a "
+                                                           f"directory")):
+        message = (f"cannot write an export into {base} ({reason}); nothing was exported; give "
+                   f"an --export_dir that can be created and written to")
+        with pytest.raises(UserError, match=f"^{re.escape(message)}$"):
+            export_lib.export_saved_model(estimator, {"x": [[2], "float32"]}, base, checkpoint)
+    assert sorted(os.listdir(tmp_path)) == ["afile", "md"]

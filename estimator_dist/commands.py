@@ -36,7 +36,7 @@ def saved_config(model_dir: str, **flags):
     flags = {"strategy": "none", "num_devices": 1, "model_dir": model_dir, **flags}
     config = config_lib.build_config(data["model"], data, flags, {}, entry.hparams, (),
                                      tuple(data.get("imports") or ()))
-    return config, resolved
+    return config_lib.without_ignored(config), resolved
 
 
 def train(args):
@@ -100,8 +100,22 @@ def checked_train_args(args) -> list:
     train_ns = build_parser().parse_args(["train"] + train_args)  # bad flags: usage, exit 2
     config = config_from_args(train_ns)
     launcher.check_shape(args.workers, args.ps, config.distribute.strategy)
+    check_evaluations(config, args.evaluator)
     runner.check_cluster_run(config, args.workers, local=args.command == "cluster")
     return train_args
+
+
+def check_evaluations(config, evaluator: bool):
+    """In a TF_CONFIG cluster only the evaluator task evaluates while training runs: without
+    one, --early_stop and --export best would have no evaluations to go on."""
+    if evaluator or config.distribute.strategy == "horovod":
+        return
+    t = config.train
+    needs = f"--early_stop {t.early_stop}" if t.early_stop else \
+        "--export best" if t.export == "best" else None
+    if needs:
+        raise UserError(f"{needs}: in a cluster only the evaluator task evaluates during "
+                        f"training, and there is none; add --evaluator")
 
 
 def cluster(args):

@@ -176,6 +176,11 @@ def test_launcher_rejects_bad_shapes():
      "--batch_size 64 is not divisible by the 6 replicas"),
     ("tfjob", ["--workers", "2", "--data_path", "/mnt/d.csv"],
      "--data_path '/mnt/d.csv': input 'digits' does not read it"),
+    # Without an evaluator task nothing evaluates while a cluster trains.
+    ("cluster", ["--workers", "2", "--early_stop", "loss", "--eval_every", "20"],
+     "--early_stop loss: in a cluster only the evaluator task evaluates during training, and "
+     "there is none; add --evaluator"),
+    ("tfjob", ["--workers", "2", "--export", "best"], "--export best: in a cluster only the"),
 ])
 def test_cluster_and_tfjob_check_the_train_flags_before_launching_or_writing(
         command, flags, message, tmp_path):

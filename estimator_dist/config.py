@@ -5,6 +5,7 @@ run_defaults, the YAML file (--config), command-line flags, then --set for hpara
 """
 import dataclasses
 import difflib
+import math
 import os
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
@@ -20,6 +21,11 @@ EXPORT_MODES = ("latest", "best", "final", "none")
 VARIABLE_DEVICES = ("cpu", "device0")
 MIXED_PRECISION = ("none", "bfloat16")
 MAX_READER_NICE = 19
+# TensorFlow reduces a graph-level seed modulo 2**31 - 1 (random_seed._truncate_seed), so a
+# larger one would silently alias a smaller one; -1 is TrainConfig's "no seed".
+MAX_SEED = 2**31 - 2
+NO_SEED = -1
+MAX_STEPS = 2**63 - 1  # the global step is an int64
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,7 @@ class TrainConfig:
     eval_every: int = 0
     save_checkpoints_steps: int = 0
     keep_checkpoint_max: int = 5
-    seed: int = -1
+    seed: int = NO_SEED
     export: str = "final"
     best_metric: str = "loss"
     higher_is_better: bool = False
@@ -159,8 +165,37 @@ def parse_scalar(key, text, expected):
             pass
     elif expected is str:
         return text
-    raise UserError(f"--set {key}={text}: '{key}' takes a {expected.__name__} "
+    name = expected.__name__
+    article = "an" if name[0] in "aeiou" else "a"
+    raise UserError(f"--set {key}={text}: '{key}' takes {article} {name} "
                     f"(its default is of that type); fix the value")
+
+
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # '<<: *base' then a key of its own is an override, not a duplicate
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = first_line.get(key)
+                except TypeError:
+                    continue  # unhashable: SafeLoader's own error follows
+                line = key_node.start_mark.line + 1
+                if seen is not None:
+                    raise _DuplicateKey(f"line {line}: the key '{key}' is given twice (first on "
+                                        f"line {seen}); YAML would keep only the last, so remove "
+                                        f"one")
+                first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_yaml(path: str) -> Dict[str, Any]:
@@ -171,7 +206,13 @@ def load_yaml(path: str) -> Dict[str, Any]:
         raise UserError(f"config file '{path}' does not exist; check the --config path")
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            loader = _StrictLoader(f)  # a SafeLoader: what yaml.safe_load does, stricter
+            try:
+                data = loader.get_single_data()
+            finally:
+                loader.dispose()
+    except _DuplicateKey as e:
+        raise UserError(f"config file '{path}' {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -207,7 +248,9 @@ def resolve_hparams(defaults: Mapping[str, Any], from_file: Mapping[str, Any],
     for key, value in (from_file or {}).items():
         if key not in defaults:
             raise _unknown_key(key, list(defaults), where)
-        hparams[key] = check_type(key, value, type(defaults[key]), where)
+        # A default of None says nothing about the type: any value may replace it.
+        hparams[key] = value if defaults[key] is None else \
+            check_type(key, value, type(defaults[key]), where)
     for item in overrides:
         if "=" not in item:
             raise UserError(f"--set '{item}' is not key=value; e.g. --set learning_rate=0.1")
@@ -215,8 +258,18 @@ def resolve_hparams(defaults: Mapping[str, Any], from_file: Mapping[str, Any],
         key = key.strip()
         if key not in defaults:
             raise _unknown_key(key, list(defaults), where)
-        hparams[key] = parse_scalar(key, text, type(defaults[key]))
+        hparams[key] = _yaml_scalar(text) if defaults[key] is None else \
+            parse_scalar(key, text, type(defaults[key]))
     return hparams
+
+
+def _yaml_scalar(text: str):
+    """--set text for an hparam whose default is None: read as YAML would (3, 0.5, true, abc)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if value is None or isinstance(value, (bool, int, float, str)) else text
 
 
 def build_config(model: str, file_data: Mapping[str, Any], flags: Mapping[str, Any],
@@ -231,6 +284,9 @@ def build_config(model: str, file_data: Mapping[str, Any], flags: Mapping[str, A
             raise _unknown_key(key, list(section_of), f"run_defaults of model '{model}'")
         sections[section_of[key]][key] = value
     merge_sections(sections, {k: v for k, v in file_data.items() if k in SECTIONS}, "config file")
+    given_seed = flags.get("seed")
+    if given_seed is not None and given_seed < 0:
+        raise _seed_error(given_seed)
     for key, value in flags.items():
         if value is not None:
             sections[section_of[key]][key] = value
@@ -261,9 +317,15 @@ def check_top_level(file_data: Mapping[str, Any], where="config file"):
                         f"'imports: [my_models]'")
 
 
+def _seed_error(seed) -> UserError:
+    return UserError(f"--seed {seed}: must be 0..{MAX_SEED} (TensorFlow's graph-seed range); "
+                     f"leave it out for no seed")
+
+
 def validate(config: Config):
     """Range checks that need no TensorFlow; raise UserError on the first problem."""
     t = config.train
+    _validate_finite(config)
     positive = {"batch_size": t.batch_size, "train_steps": t.train_steps,
                 "keep_checkpoint_max": t.keep_checkpoint_max}
     for key, value in positive.items():
@@ -272,6 +334,12 @@ def validate(config: Config):
     for key in ("eval_steps", "eval_every", "save_checkpoints_steps"):
         if getattr(t, key) < 0:
             raise UserError(f"--{key} {getattr(t, key)}: must be >= 0 (0 means the default)")
+    for key in ("train_steps", "eval_steps", "eval_every", "save_checkpoints_steps"):
+        if getattr(t, key) > MAX_STEPS:
+            raise UserError(f"--{key} {getattr(t, key)}: must be at most {MAX_STEPS} (the global "
+                            f"step is an int64); give a smaller step count")
+    if t.seed != NO_SEED and not 0 <= t.seed <= MAX_SEED:
+        raise _seed_error(t.seed)
     if t.export not in EXPORT_MODES:
         raise UserError(f"--export {t.export}: must be one of {', '.join(EXPORT_MODES)}")
     if t.eval_every and t.save_checkpoints_steps and t.eval_every != t.save_checkpoints_steps:
@@ -295,6 +363,63 @@ def validate(config: Config):
     if config.compute.mixed_precision not in MIXED_PRECISION:
         raise UserError(f"--mixed_precision {config.compute.mixed_precision}: must be "
                         f"{' or '.join(MIXED_PRECISION)}")
+    _refuse_ignored(config)
+
+
+def _validate_finite(config: Config):
+    """Every float setting is finite: NaN fails both `< 0` and `>= 0`, so range checks pass it."""
+    for section in SECTIONS:
+        values = getattr(config, section)
+        for f in fields(values):
+            value = getattr(values, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UserError(f"--{f.name} {value}: must be a finite number; give one such "
+                                f"as {f.default}")
+
+
+# Settings only another setting reads: (section, field, whether the config reads it,
+# what reads it, the fix). Only a value other than the dataclass default can be told
+# apart from "not given".
+IGNORED_UNLESS = (
+    ("distribute", "variable_device", lambda c: c.distribute.strategy == "tower",
+     "--strategy tower", "add --strategy tower"),
+    ("train", "best_metric", lambda c: c.train.export == "best",
+     "--export best", "add --export best"),
+    ("train", "higher_is_better", lambda c: bool(c.train.early_stop) or c.train.export == "best",
+     "--early_stop METRIC and --export best", "add one of them"),
+    ("train", "patience", lambda c: bool(c.train.early_stop),
+     "--early_stop METRIC", "add --early_stop (e.g. --early_stop loss)"),
+    ("train", "min_delta", lambda c: bool(c.train.early_stop),
+     "--early_stop METRIC", "add --early_stop (e.g. --early_stop loss)"),
+    ("train", "warm_start_vars", lambda c: bool(c.train.warm_start_from),
+     "--warm_start_from", "add --warm_start_from DIR_OR_CHECKPOINT"),
+)
+
+
+def _ignored(config: Config):
+    """(section, field, value, read by, fix) of each setting given that nothing reads."""
+    for section, name, read, reader, fix in IGNORED_UNLESS:
+        value = getattr(getattr(config, section), name)
+        if value != getattr(SECTIONS[section], name) and not read(config):
+            yield section, name, value, reader, fix
+
+
+def _refuse_ignored(config: Config):
+    """A setting that only another one reads would be accepted and silently ignored."""
+    for _, name, value, reader, fix in _ignored(config):
+        shown = f"--{name}" if value is True else f"--{name} {value}"
+        raise UserError(f"{shown}: only {reader} {'read' if ' and ' in reader else 'reads'} it; "
+                        f"{fix} or leave it out")
+
+
+def without_ignored(config: Config) -> Config:
+    """config with the settings nothing reads reset to their defaults (a run saved before
+    they were refused, re-resolved for evaluate/export)."""
+    for section, name, _, _, _ in list(_ignored(config)):
+        part = dataclasses.replace(getattr(config, section),
+                                   **{name: getattr(SECTIONS[section], name)})
+        config = dataclasses.replace(config, **{section: part})
+    return config
 
 
 # Metrics where larger is better even without --higher_is_better.

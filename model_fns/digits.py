@@ -37,6 +37,7 @@ def digits_model(features, labels, mode, params):
                         hparam_checks.positive_int(params, "dense_units", 128),
                         hparam_checks.fraction(params, "dropout", 0.2),
                         int(params.get("num_classes", 10)))
+    hparam_checks.non_negative_number(params, "weight_decay", 0.0001, default=0.0)
     training = mode == tf.estimator.ModeKeys.TRAIN
     logits = net(tf.cast(features["image"], tf.float32), training=training)
     # Keras layers leave UPDATE_OPS empty inside a model_fn: their batch-norm

@@ -1,6 +1,7 @@
 """ResNet v1 for CIFAR-10 (He et al. 2015, section 4.2): depth 6n+2, three stages of n blocks."""
 import tensorflow as tf
 
+from estimator_dist import hparam_checks
 from estimator_dist.errors import UserError
 from estimator_dist.heads import classification_spec
 from estimator_dist.registry import register_model
@@ -95,6 +96,7 @@ def resnet_logits(images, depth, num_classes, training):
     run_defaults={"batch_size": 128, "train_steps": 2000, "eval_steps": 20})
 def cifar_model_fn(features, labels, mode, params):
     """ResNet v1 (depth 6n+2) classifier for 32x32x3 images."""
+    hparam_checks.non_negative_number(params, "weight_decay", 0.0002, default=0.0)
     images = features["image"] if isinstance(features, dict) else features
     # The input_fn already standardizes and doing it again changes nothing; it is here
     # so that an exported model gives the same answer for raw 0-255 pixels.

@@ -38,7 +38,7 @@ BAD = [
     (["--strategy", "mirrored", "--num_devices", "99"], "--num_devices 99: this machine has no GPU"),
     (["--strategy", "mirrored", "--num_devices", "2", "--batch_size", "33"], "--batch_size 33 is not divisible"),
     (["--set", "learning_rat=0.1"], "the key 'learning_rat' does not exist in the hparams of model 'digits'"),
-    (["--set", "filters=many"], "--set filters=many: 'filters' takes a int"),
+    (["--set", "filters=many"], "--set filters=many: 'filters' takes an int"),
     (["--import", "no_such_module_xyz"], "--import no_such_module_xyz: cannot import it"),
     (["--export", "sometimes"], "--export sometimes: must be one of"),
     (["--strategy", "tower", "--variable_device", "gpu0"], "--variable_device gpu0: must be cpu or device0"),

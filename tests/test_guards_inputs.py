@@ -90,7 +90,7 @@ def test_bad_yaml_and_wrong_types_exit_2(tmp_path, capsys):
         code, _, err = run_main(["train", "--config", str(path), "--model_dir", str(model_dir)], capsys)
         assert_one_line_error(code, err, fragment)
     for bad, fragment in [("learning_rate=fast", "--set learning_rate=fast: 'learning_rate' takes a float"),
-                          ("filters=1.5", "--set filters=1.5: 'filters' takes a int"),
+                          ("filters=1.5", "--set filters=1.5: 'filters' takes an int"),
                           ("learning_rate", "--set 'learning_rate' is not key=value")]:
         code, _, err = run_main(["train", "--set", bad, "--model_dir", str(model_dir)], capsys)
         assert_one_line_error(code, err, fragment)

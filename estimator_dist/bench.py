@@ -293,13 +293,25 @@ def measurement(run: "bench_runner.CaseRun") -> Measurement:
 def options_from_args(args) -> Options:
     """Options from the `bench` subcommand's parsed flags."""
     quick = bool(args.quick)
-    models = tuple(m.strip() for m in args.models.split(",") if m.strip()) or MODELS
     return Options(
         output_dir=args.output_dir, quick=quick,
-        rounds=1 if args.rounds is None else args.rounds, models=models,
+        rounds=1 if args.rounds is None else args.rounds,
+        models=_items("--models", args.models) or MODELS,
         case_timeout=(QUICK_CASE_TIMEOUT_S if quick else CASE_TIMEOUT_S)
         if args.case_timeout is None else args.case_timeout,
-        only=tuple(c.strip() for c in args.cases.split(",") if c.strip()))
+        only=_items("--cases", args.cases))
+
+
+def _items(flag: str, text: str) -> tuple:
+    """The comma-separated items of a flag; an empty item ("a,,b", ",") is refused (an empty
+    --cases filter would have run every case)."""
+    if not text:
+        return ()
+    items = tuple(t.strip() for t in text.split(","))
+    if not all(items):
+        raise UserError(f"{flag} {text!r}: an empty item; give comma-separated names, e.g. "
+                        f"{flag} {'cifar,mlp' if flag == '--models' else 'project none,plain none'}")
+    return items
 
 
 def check_options(options: Options):

@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     tj.add_argument("--name", default="estimator-dist", help="TFJob name (DNS label)")
     tj.add_argument("--namespace", default="default")
     tj.add_argument("--pvc", default="", help="PersistentVolumeClaim mounted on every replica")
-    tj.add_argument("--mount_path", default="/mnt/estimator-dist", help="where --pvc is mounted")
+    tj.add_argument("--mount_path", default="/mnt/estimator-dist",
+                    help="where --pvc is mounted (default /mnt/estimator-dist)")
     tj.add_argument("--output", default="", help="file to write (default: stdout)")
 
     rp = sub.add_parser("report", help="a model_dir's event files as a CSV, a PNG plot and a summary")

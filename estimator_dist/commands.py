@@ -102,7 +102,7 @@ def checked_train_args(args) -> list:
     launcher.check_shape(args.workers, args.ps, config.distribute.strategy)
     check_evaluations(config, args.evaluator)
     runner.check_cluster_run(config, args.workers, local=args.command == "cluster")
-    return train_args
+    return train_args, config
 
 
 def check_evaluations(config, evaluator: bool):
@@ -121,7 +121,7 @@ def check_evaluations(config, evaluator: bool):
 def cluster(args):
     from estimator_dist import launcher
 
-    train_args = checked_train_args(args)
+    train_args, _ = checked_train_args(args)
     return launcher.launch(train_args, args.workers, args.ps, args.evaluator, args.max_restarts,
                            args.startup_timeout)
 
@@ -129,7 +129,8 @@ def cluster(args):
 def tfjob(args):
     from estimator_dist import tfjob as tfjob_lib
 
-    train_args = checked_train_args(args)
+    train_args, config = checked_train_args(args)
+    tfjob_lib.check_shared_model_dir(config.train.model_dir, args.pvc, args.mount_path)
     job = tfjob_lib.manifest(args.name, args.image, train_args, args.workers, args.ps,
                              args.evaluator, args.namespace, args.pvc, args.mount_path)
     text = tfjob_lib.to_yaml(job)

@@ -5,6 +5,7 @@ way. 128 + N means "killed by signal N" and is what schedulers retry (Kubeflow's
 `restartPolicy: ExitCode` restarts on 128-255): a preempted run exits 143 after
 writing a final checkpoint, and rerunning it resumes from that checkpoint.
 """
+import re
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -19,6 +20,18 @@ def first_line(error: BaseException, limit: int = 300) -> str:
     """An exception's message cut to its first line (TensorFlow's run to many), or its type."""
     text = (getattr(error, "message", None) or str(error)).strip()
     return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
+def op_error_line(error: BaseException, limit: int = 300) -> str:
+    """The line of a TensorFlow OpError that says what failed, without "Graph execution
+    error:", the "Detected at node" stack and the "[[{{node ...}}]]" suffix."""
+    for line in (getattr(error, "message", None) or str(error)).splitlines():
+        text = re.sub(r"\s*\[\[\{\{node .*$", "", line).strip()
+        if text and not line[:1].isspace() and not re.match(
+                r"(Graph execution error:|Detected at node|<stack traces|File |Original stack|Node:)",
+                text):
+            return text[:limit]
+    return first_line(error, limit)
 
 
 class ReportedError(Exception):
@@ -48,6 +61,13 @@ class StorageError(ReportedError):
     """Writing a checkpoint or an export failed (disk full, file too large, read-only)."""
 
     exit_code = EXIT_STORAGE
+
+
+class TrainingFailed(ReportedError):
+    """A training step failed in TensorFlow (e.g. a label outside the model's classes): one
+    line naming what failed; --verbose keeps TensorFlow's traceback."""
+
+    exit_code = EXIT_INTERNAL
 
 
 class Preempted(ReportedError):

@@ -26,6 +26,29 @@ def serving_input_fn(serving_features: Mapping[str, Any]):
     return receiver_fn
 
 
+def check_serving_features(serving_features, where: str):
+    """UserError unless serving_features is {name: [shape without batch, dtype name]}, checked
+    when prepare() returns it (a bad one failed only at the export after training)."""
+    example = "e.g. {'image': [[8, 8, 1], 'float32']}"
+    if not isinstance(serving_features, dict) or not serving_features:
+        raise UserError(f"{where} returned serving_features {serving_features!r}; it must be a "
+                        f"non-empty dict {{feature name: [shape without batch, dtype name]}}, "
+                        f"{example}")
+    for name, spec in serving_features.items():
+        ok = isinstance(name, str) and isinstance(spec, (list, tuple)) and len(spec) == 2
+        shape, dtype = spec if ok else (None, None)
+        ok = ok and isinstance(shape, (list, tuple)) and all(
+            d is None or (isinstance(d, int) and not isinstance(d, bool) and d > 0) for d in shape)
+        try:
+            ok = ok and isinstance(dtype, str) and tf.as_dtype(dtype) is not None
+        except TypeError:
+            ok = False
+        if not ok:
+            raise UserError(f"{where} returned serving_features[{name!r}] = {spec!r}; each must "
+                            f"be [shape without batch (positive ints or None), a dtype name such "
+                            f"as 'float32'], {example}")
+
+
 def metric_compare(metric: str, higher: bool):
     """compare_fn for BestExporter: is the current evaluation better on `metric`?
 

@@ -18,8 +18,9 @@ import tensorflow as tf
 from estimator_dist import checkpoints
 from estimator_dist import numerics
 from estimator_dist import preemption
+from estimator_dist import quiet
 from estimator_dist import storage
-from estimator_dist.errors import ReportedError, first_line
+from estimator_dist.errors import ReportedError, TrainingFailed, first_line, op_error_line
 
 
 class GuardHook(tf.compat.v1.train.SessionRunHook):
@@ -143,6 +144,14 @@ class TrainingGuard:
         if storage.storage_reason(exc):
             raise storage.storage_error(exc, f"writing into {self.model_dir}",
                                         self.hook.kept()) from None
+        if isinstance(exc, tf.errors.OpError) and quiet.is_quiet():
+            step = self.hook.step + 1 if self.hook.step is not None else None
+            latest = tf.train.latest_checkpoint(self.model_dir)
+            raise TrainingFailed(
+                f"training failed at step {step}: {op_error_line(exc)} ({type(exc).__name__}); "
+                f"check the input's labels and features against the model; "
+                f"{f'the latest checkpoint is {latest}' if latest else 'no checkpoint was written'}"
+                f"; --verbose shows TensorFlow's traceback") from None
         return False
 
 

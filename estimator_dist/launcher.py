@@ -31,6 +31,7 @@ STOP_GRACE_SECONDS = 10.0
 POLL_SECONDS = 0.2
 # A restart would only repeat these: a user error, a NaN/Inf step, a full disk.
 PERMANENT = (EXIT_USER, EXIT_NON_FINITE, EXIT_STORAGE)
+MAX_LOCAL_TASKS = 32  # processes of one local cluster (each holds a TensorFlow runtime)
 
 
 def free_ports(n: int) -> List[int]:
@@ -334,8 +335,12 @@ def launch(train_args: List[str], workers: int, ps: int, evaluator: bool, max_re
     check_shape(workers, ps, strategy)
     if max_restarts < 0:
         raise UserError(f"--max_restarts {max_restarts}: must be >= 0")
-    if startup_timeout <= 0:
-        raise UserError(f"--startup_timeout {startup_timeout}: must be > 0")
+    if not 0 < startup_timeout < float("inf"):  # NaN fails too
+        raise UserError(f"--startup_timeout {startup_timeout}: must be a number of seconds > 0")
+    tasks = workers + ps + int(evaluator)
+    if tasks > MAX_LOCAL_TASKS:
+        raise UserError(f"--workers {workers} --ps {ps}: {tasks} tasks, each a TensorFlow process "
+                        f"on this machine; at most {MAX_LOCAL_TASKS} (use a TFJob for more)")
     if strategy == "horovod":
         from estimator_dist import horovod_launch
 

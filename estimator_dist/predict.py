@@ -260,17 +260,6 @@ def run(signature, features: Dict[str, np.ndarray], batch_size: int) -> Dict[str
     return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]} if chunks else {}
 
 
-def tf_message(error: tf.errors.OpError) -> str:
-    """The line of a TensorFlow error that says what failed, without "Graph execution error:",
-    the "Detected at node" stack and the "[[{{node ...}}]]" suffix."""
-    for line in (error.message or "").splitlines():
-        text = re.sub(r"\s*\[\[\{\{node .*$", "", line).strip()
-        if text and not line[:1].isspace() and not re.match(
-                r"(Graph execution error:|Detected at node|<stack traces|File )", text):
-            return text[:300]
-    return errors.first_line(error)
-
-
 def model_dir_of(saved_model: str) -> str:
     """The model_dir a SavedModel was exported into (MODEL_DIR/export/...), else 'MODEL_DIR'."""
     parts = os.path.abspath(saved_model).split(os.sep)
@@ -322,7 +311,7 @@ def predict_file(saved_model: str, input_path: str, batch_size: int = 256) -> pd
     try:
         outputs = run(signature, features, batch_size)
     except tf.errors.OpError as e:
-        raise UserError(f"SavedModel {path} failed on --input {input_path}: {tf_message(e)}; if its "
+        raise UserError(f"SavedModel {path} failed on --input {input_path}: {errors.op_error_line(e)}; if its "
                         f"graph does not match its variables, re-export it with estimator-dist "
                         f"export --model_dir {model_dir_of(path)}") from None
     return to_frame(outputs)

@@ -61,6 +61,10 @@ def import_user_modules(modules):
                             f"(run from its parent directory or pip install it)?") from None
         except UserError as e:  # a registration the registry refused: its message says the fix
             raise UserError(f"--import {name}: {e}") from None
+        except SystemExit as e:  # would end the command, exit 0 included, having run nothing
+            raise UserError(f"--import {name}: importing it called sys.exit({e.code!r}); a module "
+                            f"given to --import must only define and register (guard its script "
+                            f"part with if __name__ == '__main__':)") from None
         except Exception as e:  # noqa: BLE001 - the module's own code failed on import
             raise UserError(f"--import {name}: importing it failed: {type(e).__name__}: "
                             f"{first_line(e)}; fix the "
@@ -132,11 +136,37 @@ def input_params(config, per_replica_batch) -> Dict[str, Any]:
 
 
 def run_prepare(entry: Entry, params) -> Dict[str, Any]:
-    meta = dict(entry.prepare(params)) if entry.prepare else {}
+    """The input's prepare() metadata, checked: a dict of plain data with serving_features,
+    overriding none of the run's settings or hparams."""
+    where = f"input '{entry.name}': its prepare()"
+    try:
+        meta = entry.prepare(params) if entry.prepare else {}
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the input's own code failed
+        if not quiet.is_quiet():
+            raise
+        raise UserError(f"{where} failed: {type(e).__name__}: {first_line(e)}; fix the input "
+                        f"(--verbose shows the traceback)") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{where} returned {type(meta).__name__}; it must return a dict with "
+                        f"serving_features (see README, Bring your own model)")
     if "serving_features" not in meta:
         raise UserError(f"input '{entry.name}' gives no serving_features from its prepare(); "
                         f"register it with prepare= returning them (see README)")
-    json.dumps(meta)  # saved into model_dir; must be plain data
+    # prepare() may resolve what the run left open ('' / 'auto' / None: a label column, a
+    # task) or make a path absolute (data_dir); it may not replace a value the run sets.
+    clash = sorted(k for k in meta if k in params and k != "data_dir" and
+                   params[k] not in ("", "auto", None) and meta[k] != params[k])
+    if clash:
+        raise UserError(f"{where} returned {', '.join(clash)}, which the run already sets "
+                        f"(flags, hparams); it would silently replace them: rename those keys")
+    try:
+        json.dumps(meta)  # saved into model_dir; must be plain data
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{where} returned data that is not plain JSON ({e}); return lists, "
+                        f"numbers and strings") from None
+    export_lib.check_serving_features(meta["serving_features"], where)
     return meta
 
 
@@ -254,18 +284,26 @@ def build_model_fn(p: Plan):
 
 
 def reported_build_errors(model_fn, name: str):
-    """A model_fn whose graph-building ValueError/TypeError/KeyError (a bad hparam value TF
-    refuses, a feature the input does not give) is one line; --verbose keeps the traceback."""
+    """A model_fn whose graph build fails (a bad hparam value TF refuses, a feature the input
+    does not give, any exception of its own) or returns no EstimatorSpec is one line;
+    --verbose keeps the traceback."""
     def call(mode, build):
         try:
-            return build()
-        except (ValueError, TypeError, KeyError) as e:
+            spec = build()
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the model_fn's own code failed
             if not quiet.is_quiet():
                 raise
             raise UserError(f"model '{name}' could not build its {mode or ''} graph: "
                             f"{type(e).__name__}: {first_line(e)}; check its hparams (--set, "
                             f"config.yaml; 'estimator-dist list') and that the input gives the "
                             f"features it reads (--input); --verbose shows the traceback") from None
+        if not isinstance(spec, tf.estimator.EstimatorSpec):
+            raise UserError(f"model '{name}' returned {type(spec).__name__} from its "
+                            f"{mode or ''} call; a model_fn must return a "
+                            f"tf.estimator.EstimatorSpec (e.g. estimator_dist.classification_spec)")
+        return spec
 
     return model_fn_wrap.around(model_fn, call)
 
@@ -319,7 +357,15 @@ def warm_start_settings(p: Plan):
             raise UserError(f"--warm_start_from {source}: the directory holds no checkpoint")
         source = latest
     pattern = p.config.train.warm_start_vars
-    stored = dict(tf.train.list_variables(source))
+    try:
+        stored = dict(tf.train.list_variables(source))
+    except (tf.errors.OpError, ValueError) as e:
+        raise UserError(f"--warm_start_from {source}: not a readable checkpoint "
+                        f"({first_line(e)}); give a model_dir or a checkpoint prefix such as "
+                        f"DIR/model.ckpt-1000 (no .index/.data suffix)") from None
+    if not stored:
+        raise UserError(f"--warm_start_from {source}: no checkpoint there; give a model_dir or a "
+                        f"checkpoint prefix such as DIR/model.ckpt-1000 (no .index/.data suffix)")
     if not any(re.match(pattern, name) for name in stored):
         raise UserError(f"--warm_start_vars {pattern!r} matches none of the {len(stored)} variables "
                         f"of {source} (e.g. {', '.join(sorted(stored)[:3])}); the run would start "

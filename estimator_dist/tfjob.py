@@ -4,6 +4,7 @@ The operator gives each replica its TF_CONFIG (every replica type in `cluster`,
 the task type lower-cased, "environment": "cloud"); estimator-dist reads it as is.
 `--model_dir` must be storage every replica sees (a PVC via --pvc, or a bucket).
 """
+import os
 import re
 import shlex
 from typing import Any, Dict, List
@@ -12,6 +13,8 @@ import yaml
 
 from estimator_dist.errors import UserError
 from estimator_dist.launcher import check_shape
+
+DEFAULT_MOUNT_PATH = "/mnt/estimator-dist"
 
 PORT = 2222
 CONTAINER = "tensorflow"  # the operator injects TF_CONFIG into the container of this name
@@ -35,7 +38,7 @@ def _replica(count: int, container: Dict[str, Any], pvc: str, restart: str) -> D
 
 def manifest(name: str, image: str, train_args: List[str], workers: int, ps: int,
              evaluator: bool, namespace: str = "default", pvc: str = "",
-             mount_path: str = "/mnt/estimator-dist") -> Dict[str, Any]:
+             mount_path: str = DEFAULT_MOUNT_PATH) -> Dict[str, Any]:
     """The TFJob as a dict. Chief + (workers - 1) Workers + ps PS (+ an Evaluator).
 
     restartPolicy ExitCode: the operator restarts a replica on retryable exit codes
@@ -81,6 +84,22 @@ def check_kubernetes_names(namespace: str, pvc: str, mount_path: str):
     if pvc and not mount_path.startswith("/"):
         raise UserError(f"--mount_path {mount_path!r}: must be an absolute path in the "
                         f"container, e.g. /mnt/estimator-dist")
+
+
+def check_shared_model_dir(model_dir: str, pvc: str, mount_path: str):
+    """Every replica must write the same model_dir: with --pvc it must be on the volume (a
+    pod-local model_dir loses the checkpoints with the pod); --mount_path needs --pvc."""
+    if not pvc:
+        if mount_path != DEFAULT_MOUNT_PATH:
+            raise UserError(f"--mount_path {mount_path}: only --pvc is mounted there; add --pvc "
+                            f"CLAIM or leave it out")
+        return
+    root = mount_path.rstrip("/") + "/"
+    if not model_dir or not os.path.normpath(model_dir).startswith(root):
+        shown = model_dir or "(default runs/MODEL, inside the container)"
+        raise UserError(f"--model_dir {shown}: with --pvc {pvc} it must be under --mount_path "
+                        f"{mount_path}, where every replica sees it, e.g. "
+                        f"{root}runs/my-run")
 
 
 def _strategy(train_args: List[str]) -> str:

@@ -96,6 +96,10 @@ def test_bad_options_are_user_errors(options, message):
     (["--case_timeout", "0"], "estimator-dist: error: --case_timeout 0.0: must be > 0"),
     (["--models", "mlp", "--cases", "projet none"], "estimator-dist: error: --cases projet none: "
                                                     "matches no case; case names: "),
+    # An empty filter ran every case (a --quick run took minutes instead of failing).
+    (["--quick", "--cases", ","], "estimator-dist: error: --cases ',': an empty item; give "
+                                  "comma-separated names"),
+    (["--models", "cifar,,mlp"], "estimator-dist: error: --models 'cifar,,mlp': an empty item"),
 ])
 def test_bad_flag_is_one_line_exit_2_nothing_written(flags, message, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "estimator_dist", "bench", *flags,

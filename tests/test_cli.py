@@ -206,3 +206,82 @@ def test_config_file_values_of_the_wrong_type(text, message, tmp_path, capsys):
     code, _, err = run_main(["train", "--config", str(cfg), "--model_dir", str(tmp_path / "r")], capsys)
     assert code == 2 and err.startswith(f"estimator-dist: error: {message}"), err
     assert not (tmp_path / "r").exists()
+
+
+USER_MODULE = '''
+import sys
+import numpy as np
+import tensorflow as tf
+import estimator_dist as ed
+
+SERVING = {"image": [[8, 8, 1], "float32"]}
+
+
+def register(name, prepare):
+    ed.register_input(name, prepare=prepare)(lambda mode, params: None)
+
+
+register("prep_none", lambda params: None)
+register("prep_raises", lambda params: 1 / 0)
+register("prep_bad_dtype", lambda params: {"serving_features": {"image": [[8, 8, 1], "floaty"]}})
+register("prep_not_json", lambda params: {"serving_features": SERVING, "x": object()})
+register("prep_sets_batch", lambda params: {"serving_features": SERVING, "batch_size": 7})
+
+
+@ed.register_input("labels_12", prepare=lambda params: {"serving_features": SERVING})
+def labels_12(mode, params):
+    x, y = np.zeros((64, 8, 8, 1), np.float32), np.full((64,), 12, np.int32)
+    return tf.data.Dataset.from_tensor_slices(({"image": x}, y)).repeat().batch(params["batch_size"])
+
+
+@ed.register_model("returns_none")
+def returns_none(features, labels, mode, params):
+    return None
+
+
+@ed.register_model("raises_runtime")
+def raises_runtime(features, labels, mode, params):
+    raise RuntimeError("boom in model_fn")
+'''
+
+
+@pytest.mark.parametrize("flags, code, message", [
+    (["--input", "prep_none"], 2, "input 'prep_none': its prepare() returned NoneType; it must "
+                                  "return a dict with serving_features"),
+    (["--input", "prep_raises"], 2, "input 'prep_raises': its prepare() failed: "
+                                    "ZeroDivisionError: division by zero"),
+    (["--input", "prep_bad_dtype"], 2, "input 'prep_bad_dtype': its prepare() returned "
+                                       "serving_features['image'] = [[8, 8, 1], 'floaty']"),
+    (["--input", "prep_not_json"], 2, "input 'prep_not_json': its prepare() returned data that "
+                                      "is not plain JSON"),
+    (["--input", "prep_sets_batch"], 2, "input 'prep_sets_batch': its prepare() returned "
+                                        "batch_size, which the run already sets"),
+    (["--model", "returns_none", "--input", "digits"], 2,
+     "model 'returns_none' returned NoneType from its train call; a model_fn must return a "
+     "tf.estimator.EstimatorSpec"),
+    (["--model", "raises_runtime", "--input", "digits"], 2,
+     "model 'raises_runtime' could not build its train graph: RuntimeError: boom in model_fn"),
+    (["--input", "labels_12"], 1, "training failed at step 1: Received a label value of 12 "
+                                  "which is outside the valid range of [0, 10)."),
+])
+def test_what_a_users_module_gets_wrong_is_one_line(flags, code, message, tmp_path,
+                                                     monkeypatch, capsys):
+    """Each was a traceback (or, for prepare() returning batch_size, a silently changed
+    batch); a run refused before training leaves no model_dir."""
+    (tmp_path / "users_module.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model_dir = tmp_path / "run"
+    got, _, err = run_main(["train", "--import", "users_module", "--train_steps", "3",
+                            "--model_dir", str(model_dir)] + flags, capsys)
+    assert got == code and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"estimator-dist: error: {message}"), err
+    assert code == 1 or not model_dir.exists()
+
+
+def test_an_import_that_calls_sys_exit_is_one_line(tmp_path, monkeypatch, capsys):
+    """It ended the command with exit 0 having run nothing."""
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = run_main(["list", "--import", "exits_on_import"], capsys)
+    assert code == 2 and err.startswith("estimator-dist: error: --import exits_on_import: "
+                                        "importing it called sys.exit(0)"), err

@@ -181,6 +181,14 @@ def test_launcher_rejects_bad_shapes():
      "--early_stop loss: in a cluster only the evaluator task evaluates during training, and "
      "there is none; add --evaluator"),
     ("tfjob", ["--workers", "2", "--export", "best"], "--export best: in a cluster only the"),
+    ("cluster", ["--workers", "2", "--startup_timeout", "nan"],
+     "--startup_timeout nan: must be a number of seconds > 0"),
+    ("cluster", ["--workers", "40", "--batch_size", "80"],
+     "--workers 40 --ps 0: 40 tasks, each a TensorFlow process"),
+    # A model_dir off the volume is pod-local: the checkpoints die with the pod.
+    ("tfjob", ["--workers", "2", "--pvc", "claim"], "--model_dir "),
+    ("tfjob", ["--workers", "2", "--mount_path", "/data"],
+     "--mount_path /data: only --pvc is mounted there; add --pvc CLAIM or leave it out"),
 ])
 def test_cluster_and_tfjob_check_the_train_flags_before_launching_or_writing(
         command, flags, message, tmp_path):

@@ -135,19 +135,26 @@ def input_params(config, per_replica_batch) -> Dict[str, Any]:
             "seed": config.train.seed if config.train.seed >= 0 else None}
 
 
+def users_code(call, what: str, fix: str):
+    """call(), with an exception of the user's code (not a UserError) as one line naming it;
+    --verbose keeps the traceback."""
+    try:
+        return call()
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of a model_fn's or input's own code
+        if not quiet.is_quiet():
+            raise
+        raise UserError(f"{what}: {type(e).__name__}: {first_line(e)}; {fix}; --verbose shows "
+                        f"the traceback") from None
+
+
 def run_prepare(entry: Entry, params) -> Dict[str, Any]:
     """The input's prepare() metadata, checked: a dict of plain data with serving_features,
     overriding none of the run's settings or hparams."""
     where = f"input '{entry.name}': its prepare()"
-    try:
-        meta = entry.prepare(params) if entry.prepare else {}
-    except UserError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the input's own code failed
-        if not quiet.is_quiet():
-            raise
-        raise UserError(f"{where} failed: {type(e).__name__}: {first_line(e)}; fix the input "
-                        f"(--verbose shows the traceback)") from None
+    meta = users_code(lambda: entry.prepare(params) if entry.prepare else {},
+                      f"{where} failed", "fix the input")
     if not isinstance(meta, dict):
         raise UserError(f"{where} returned {type(meta).__name__}; it must return a dict with "
                         f"serving_features (see README, Bring your own model)")
@@ -288,17 +295,9 @@ def reported_build_errors(model_fn, name: str):
     does not give, any exception of its own) or returns no EstimatorSpec is one line;
     --verbose keeps the traceback."""
     def call(mode, build):
-        try:
-            spec = build()
-        except UserError:
-            raise
-        except Exception as e:  # noqa: BLE001 - the model_fn's own code failed
-            if not quiet.is_quiet():
-                raise
-            raise UserError(f"model '{name}' could not build its {mode or ''} graph: "
-                            f"{type(e).__name__}: {first_line(e)}; check its hparams (--set, "
-                            f"config.yaml; 'estimator-dist list') and that the input gives the "
-                            f"features it reads (--input); --verbose shows the traceback") from None
+        spec = users_code(build, f"model '{name}' could not build its {mode or ''} graph",
+                          "check its hparams (--set, config.yaml; 'estimator-dist list') and "
+                          "that the input gives the features it reads (--input)")
         if not isinstance(spec, tf.estimator.EstimatorSpec):
             raise UserError(f"model '{name}' returned {type(spec).__name__} from its "
                             f"{mode or ''} call; a model_fn must return a "

@@ -653,6 +653,16 @@ def _train(p: Plan, out) -> Dict[str, Any]:
         return run_and_summarize(p, estimator, start_step, out, say)
 
 
+def check_trained(p: Plan, start_step: Optional[int]):
+    """A run that took no step although --train_steps asked for more: its input gave no batch
+    (Estimator ends training at the input's end without a word, and exited 0)."""
+    step, start = checkpoint_step(p.model_dir) or 0, start_step or 0
+    if step == start < p.config.train.train_steps:
+        raise UserError(f"input '{p.input.name}' gave no training batch: the run ended at step "
+                        f"{step} of --train_steps {p.config.train.train_steps}; its input_fn must "
+                        f"return a non-empty dataset (repeat() it to train past one pass)")
+
+
 def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -> Dict[str, Any]:
     """Train (and evaluate, export) with the progress and guard hooks; report the result."""
     config = p.config
@@ -672,6 +682,8 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
             result = train_rank(estimator, guard.attach(train_spec), start_step)
         else:
             result = train_and_evaluate(p, estimator, guard.attach(train_spec), eval_spec, say)
+    if p.role == "local":
+        check_trained(p, start_step)
     if p.role == "chief" and p.cluster:
         evaluator_lib.mark_end(p.model_dir, checkpoint_step(p.model_dir))
     if result and result[0] is None and p.writes_run_files and not p.cluster:

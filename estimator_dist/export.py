@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from estimator_dist import checkpoints
 from estimator_dist import errors
+from estimator_dist import files
 from estimator_dist import storage
 from estimator_dist.errors import UserError
 
@@ -176,13 +177,13 @@ def export_saved_model(estimator, serving_features: Dict[str, Any], export_base:
     and earlier exports stay as they were.
     """
     storage.check_export_base(export_base)
-    created = _missing_dirs(export_base)
+    created = files.missing_dirs(export_base)
     try:
         with storage.cleanup_on_failure([export_base]), storage.not_world_writable():
             path = estimator.export_saved_model(export_base, serving_input_fn(serving_features),
                                                 checkpoint_path=checkpoint_path)
     except (tf.errors.OpError, OSError) as e:
-        _remove_empty(created)
+        files.remove_empty_dirs(created)
         if storage.storage_reason(e) is not None:
             raise storage.storage_error(e, f"exporting into {export_base}",
                                         "earlier exports there are intact, the partial export "
@@ -194,22 +195,3 @@ def export_saved_model(estimator, serving_features: Dict[str, Any], export_base:
                             f"written to") from None
         raise
     return as_text(path)
-
-
-def _missing_dirs(path: str) -> List[str]:
-    """`path` and its parents that do not exist yet, deepest first."""
-    missing = []
-    path = os.path.abspath(path)
-    while not os.path.lexists(path) and os.path.dirname(path) != path:
-        missing.append(path)
-        path = os.path.dirname(path)
-    return missing
-
-
-def _remove_empty(directories: List[str]):
-    """Remove the directories a failed export created, if they are still empty."""
-    for directory in directories:
-        try:
-            os.rmdir(directory)
-        except OSError:
-            return

@@ -12,7 +12,7 @@ import contextlib
 import errno
 import os
 import re
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 from estimator_dist.errors import StorageError
 
@@ -84,3 +84,24 @@ def write_text(path: str, data):
                 f.write(data)
 
     write_file(path, write)
+
+
+def missing_dirs(path: str) -> List[str]:
+    """`path` and its parents that do not exist yet, deepest first: what creating it makes,
+    for remove_empty_dirs to undo."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
+def remove_empty_dirs(directories: List[str]):
+    """Remove `directories` (deepest first) while they are empty: undo a failed write's
+    makedirs; one holding anything (another process's files) stays, with its parents."""
+    for directory in directories:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_dist import devices as devices_lib
+from estimator_dist import files
 from estimator_dist import reader_priority
 from estimator_dist.errors import UserError
 from estimator_dist.registry import register_input
@@ -129,23 +130,13 @@ def _extract(archive, dest_dir):
         raise ValueError(f"archive lacks {', '.join(missing)}")
 
 
-def _missing_dirs(path):
-    """path and its ancestors that do not exist yet, deepest first."""
-    missing = []
-    path = os.path.abspath(path)
-    while not os.path.lexists(path):
-        missing.append(path)
-        path = os.path.dirname(path)
-    return missing
-
-
 def _fetch(root, url, expected_md5):
     """Download and extract into root/cifar-10-batches-bin; nothing half-written survives.
 
     On failure the directories made for root are removed again (only those, only if
     empty), so a mistyped or offline --data_dir leaves no empty tree behind.
     """
-    created = _missing_dirs(root)
+    created = files.missing_dirs(root)
     archive = staging = None
     done = False
     try:
@@ -172,11 +163,7 @@ def _fetch(root, url, expected_md5):
         if archive and os.path.exists(archive):
             os.remove(archive)
         if not done:
-            for directory in created:
-                try:
-                    os.rmdir(directory)
-                except OSError:  # not empty (another process's files): it and its parents stay
-                    break
+            files.remove_empty_dirs(created)
 
 
 def prepare(params):

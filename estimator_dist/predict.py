@@ -85,31 +85,33 @@ def read_npy(path: str, specs) -> Dict[str, np.ndarray]:
     if array.shape[0] == 0:
         raise UserError(f"--input {path}: array of shape {list(array.shape)} holds no examples; "
                         f"give at least one")
-    values = _cast(array, name, spec, path)
+    values = _cast(array, spec.dtype.as_numpy_dtype,
+                   lambda index, value: f"--input {path}: feature '{name}': value {value} at "
+                                        f"index {index}")
     if not _fits(list(values.shape[1:]), shape):  # [N, prod(shape)]: the shape is all known
         values = values.reshape([len(values)] + shape)
     return {name: values}
 
 
-def _cast(array, name, spec, path) -> np.ndarray:
-    """`array` as the feature's dtype; a NaN/Inf, a number beyond that dtype's range, or a
-    fraction for an integer feature is refused (a cast would change it silently)."""
-    dtype = np.dtype(spec.dtype.as_numpy_dtype)
-    where = f"--input {path}: feature '{name}'"
+def _cast(array, dtype, where) -> np.ndarray:
+    """`array` as `dtype`; a NaN/Inf, a number beyond that dtype's range, or a fraction for an
+    integer feature is refused (a cast would change it silently). where(index, value): how the
+    message names the bad value (an index of a .npy, a line and column of a CSV)."""
+    dtype = np.dtype(dtype)
     if array.dtype.kind == "f":
         bad = ~np.isfinite(array)
         if bad.any():
             index = _index(bad)
-            raise UserError(f"{where}: value {array[index]} at index {index} is not a finite "
-                            f"number; fix or drop that example (values are not imputed)")
+            raise UserError(f"{where(index, array[index])} is not a finite number; fix or drop "
+                            f"that example (values are not imputed)")
     if dtype.kind == "f":
         with np.errstate(over="ignore"):
             cast = array.astype(dtype)
         bad = ~np.isfinite(cast)
         if bad.any():
             index = _index(bad)
-            raise UserError(f"{where}: value {array[index]} at index {index} is beyond the range "
-                            f"of {dtype.name}, the model's feature type; fix the value")
+            raise UserError(f"{where(index, array[index])} is beyond the range of {dtype.name}, "
+                            f"the model's feature type; fix the value")
         return cast
     if dtype.kind in "iu" and array.dtype.kind in "fiu":
         info = np.iinfo(dtype)
@@ -118,9 +120,8 @@ def _cast(array, name, spec, path) -> np.ndarray:
             bad |= array != np.floor(array)
         if bad.any():
             index = _index(bad)
-            raise UserError(f"{where}: value {array[index]} at index {index} is not a {dtype.name} "
-                            f"(the model's feature type: whole numbers {info.min}..{info.max}); "
-                            f"fix the value")
+            raise UserError(f"{where(index, array[index])} is not a {dtype.name} (the model's "
+                            f"feature type: whole numbers {info.min}..{info.max}); fix the value")
     return array.astype(dtype)
 
 
@@ -145,16 +146,8 @@ def _numeric(cells, column, lines, path, dtype):
         if np.isnan(values[row]) and not _overflows(text.iloc[row]):
             raise UserError(f"{where}: {cells[row]!r} is not a number")
         raise UserError(f"{where}: {cells[row]!r} is not a finite number; fix the value")
-    if np.issubdtype(dtype, np.floating):
-        with np.errstate(over="ignore"):
-            cast = values.astype(dtype)
-        if not np.isfinite(cast).all():
-            row = int(np.argmax(~np.isfinite(cast)))
-            raise UserError(f"--input {path} line {lines[row]} column '{column}': {cells[row]!r} is "
-                            f"beyond the range of {np.dtype(dtype).name}, the model's feature "
-                            f"type; fix the value")
-        return cast
-    return values.astype(dtype)
+    return _cast(values, dtype, lambda index, value: f"--input {path} line {lines[index[0]]} "
+                                                     f"column '{column}': {cells[index[0]]!r}")
 
 
 def _overflows(text: str) -> bool:

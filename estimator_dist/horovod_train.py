@@ -107,7 +107,7 @@ class _Minimize:
         optimizer = hvd.DistributedOptimizer(train_op_lib.make_optimizer(params))
         global_step = tf.compat.v1.train.get_or_create_global_step()
         with tf.control_dependencies(train_op_lib.collect_update_ops(update_ops)):
-            grads_and_vars = optimizer.compute_gradients(loss, var_list=var_list)
+            grads_and_vars = train_op_lib.gradients(optimizer, loss, var_list)
         stop_request = tf.compat.v1.placeholder_with_default(0.0, [], name=STOP_REQUEST)
         own_loss = tf.where(self.has_data > 0, tf.cast(loss, tf.float32), 0.0)
         sums = hvd.allreduce(tf.stack([1.0 - self.has_data, stop_request, own_loss,

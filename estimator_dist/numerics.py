@@ -61,7 +61,11 @@ def _checked(values, variables):
     "Performance"). `is_finite` + `reduce_all` run vectorized on the step's
     threads; only a failing step pays for the per-gradient scan and its message.
     """
-    finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in values]))
+    with tf.control_dependencies(values):
+        # After the last gradient, not each as it appears: small checks run beside the
+        # backward pass's multi-threaded kernels take cores from them (ResNet-20 N=1 ran
+        # 2-3% faster with this barrier; README "Performance").
+        finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in values]))
     messages = [f"{MARKER} gradient of '{var.op.name}'" for var in variables]
 
     def as_they_are():

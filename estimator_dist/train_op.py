@@ -75,6 +75,20 @@ def make_optimizer(params, lr=None):
                     f"fix it with --set optimizer=sgd")
 
 
+def gradients(optimizer, loss, var_list=None):
+    """`optimizer.compute_gradients` without TF1's default per-op gating (GATE_OP).
+
+    GATE_OP holds each op's input gradients back until all of them exist (a tuple
+    of identities per op), so, e.g., a conv's input gradient waits for its filter
+    gradient; GATE_NONE, what tf.gradients and Keras' GradientTape do, lets the
+    backward pass run on. The guard (numerics.py) still applies nothing before
+    every gradient exists. ResNet-20, N=1, in-process alternating bursts: 2-3%
+    faster; the MLP 1% (README "Performance").
+    """
+    return optimizer.compute_gradients(loss, var_list=var_list,
+                                       gate_gradients=tf.compat.v1.train.Optimizer.GATE_NONE)
+
+
 def collect_update_ops(update_ops=None):
     """UPDATE_OPS (tf.compat.v1.layers batch norm) plus explicitly given Keras updates.
 
@@ -109,7 +123,7 @@ def minimize(loss, params, update_ops=None, var_list=None):
     optimizer = make_optimizer(params)
     global_step = tf.compat.v1.train.get_or_create_global_step()
     with tf.control_dependencies(collect_update_ops(update_ops)):
-        grads_and_vars = optimizer.compute_gradients(loss, var_list=var_list)
+        grads_and_vars = gradients(optimizer, loss, var_list)
         # optimizer.minimize() without the guard would apply NaN/Inf gradients.
         return optimizer.apply_gradients(numerics.guard(loss, grads_and_vars),
                                          global_step=global_step)

@@ -98,3 +98,22 @@ def test_guard_passes_finite_gradients_unchanged_and_names_the_bad_one():
                 session.run(fetch, {grad_a: [1.0, 2.0, 3.0], grad_b: [[0.0, np.inf], [1.0, 2.0]]})
     error = numerics.non_finite_error(info.value, 7, None, "m")
     assert "the gradient of 'b' is Inf" in str(error) and "at step 7" in str(error)
+
+
+def test_minimize_builds_an_ungated_backward_pass_checked_after_its_last_gradient():
+    """Speed (README "Performance"): no per-op gating, and the finite checks wait for
+    every gradient instead of running beside the backward pass."""
+    from estimator_dist import train_op
+
+    with tf.Graph().as_default() as graph:
+        x = tf.random.normal([8, 4])
+        h = tf.compat.v1.layers.dense(x, 6, tf.nn.relu, name="hidden")
+        loss = tf.reduce_mean(tf.square(tf.compat.v1.layers.dense(h, 1, name="out")))
+        train_op.minimize(loss, {"optimizer": "sgd", "learning_rate": 0.1})
+        names = [op.name for op in graph.get_operations()]
+        assert not [n for n in names if n.startswith("gradients/") and "/tuple/" in n]
+        checks = [op for op in graph.get_operations() if op.type == "IsFinite"]
+        grads = {check.inputs[0].op for check in checks}
+        assert len(checks) == 4 and all(g.name.startswith("gradients/") for g in grads)
+        for check in checks:
+            assert grads <= set(check.control_inputs) | {check.inputs[0].op}

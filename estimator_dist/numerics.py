@@ -13,6 +13,7 @@ raises InvalidArgumentError, no hook's after_run/end runs, so no checkpoint of
 the poisoned step is written. `non_finite_error()` turns that error into a
 one-line NonFiniteError naming the step (see guards.StepTracker).
 """
+import contextlib
 import re
 from typing import Optional
 
@@ -22,6 +23,26 @@ from estimator_dist.errors import NonFiniteError
 
 MARKER = "estimator_dist non-finite"
 _FOUND = re.compile(re.escape(MARKER) + r" (?P<what>[^:]+?)\s*: Tensor had (?P<kind>NaN|Inf) values")
+_AFTER_LAST_GRADIENT = [False]
+
+
+@contextlib.contextmanager
+def checks_after_last_gradient(enabled: bool = True):
+    """guard() calls inside run their finite checks only once every gradient exists.
+
+    For a replica whose kernels run on several threads of a CPU (one device per
+    process): a check run beside the backward pass takes a core from one of a
+    kernel's threads and the whole kernel waits for it. Elsewhere the checks fill
+    idle time beside the backward pass and are better left there. Measured
+    (README "Performance"), interleaved bench groups against checks beside the
+    backward pass: ResNet-20 N=1 1.05 (mirrored N=2 0.97, so not there), the MLP
+    N=1 0.98.
+    """
+    _AFTER_LAST_GRADIENT.append(enabled)
+    try:
+        yield
+    finally:
+        _AFTER_LAST_GRADIENT.pop()
 
 
 def guard(loss, grads_and_vars, num_examples=None):
@@ -61,10 +82,7 @@ def _checked(values, variables):
     "Performance"). `is_finite` + `reduce_all` run vectorized on the step's
     threads; only a failing step pays for the per-gradient scan and its message.
     """
-    with tf.control_dependencies(values):
-        # After the last gradient, not each as it appears: small checks run beside the
-        # backward pass's multi-threaded kernels take cores from them (ResNet-20 N=1 ran
-        # 2-3% faster with this barrier; README "Performance").
+    with tf.control_dependencies(values if _AFTER_LAST_GRADIENT[-1] else []):
         finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in values]))
     messages = [f"{MARKER} gradient of '{var.op.name}'" for var in variables]
 

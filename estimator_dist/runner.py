@@ -31,6 +31,7 @@ from estimator_dist import guards
 from estimator_dist import horovod as hvd_lib
 from estimator_dist import horovod_train
 from estimator_dist import model_fn_wrap
+from estimator_dist import numerics
 from estimator_dist import precision
 from estimator_dist import quiet
 from estimator_dist import saver_hook
@@ -286,8 +287,23 @@ def build_model_fn(p: Plan):
             model_fn, p.model.name, devices=tower_devices,
             variable_device=strategies.variable_device(d.strategy, d.variable_device, p.devices),
             accumulate_steps=d.accumulate_steps)
+    model_fn = ordered_checks(model_fn, checks_after_last_gradient(p))
     model_fn = precision.wrap_model_fn(model_fn, p.config.compute.mixed_precision, p.model.name)
     return reported_build_errors(model_fn, p.model.name)
+
+
+def checks_after_last_gradient(p: Plan) -> bool:
+    """One CPU replica whose kernels use several threads: see numerics.checks_after_last_gradient."""
+    threads = session_config(p).intra_op_parallelism_threads or devices_lib.available_cores()
+    return p.devices.kind == "CPU" and p.devices.count == 1 and threads > 1
+
+
+def ordered_checks(model_fn, after_last_gradient: bool):
+    def call(mode, build):
+        with numerics.checks_after_last_gradient(after_last_gradient):
+            return build()
+
+    return model_fn_wrap.around(model_fn, call)
 
 
 def reported_build_errors(model_fn, name: str):

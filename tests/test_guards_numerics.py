@@ -100,20 +100,42 @@ def test_guard_passes_finite_gradients_unchanged_and_names_the_bad_one():
     assert "the gradient of 'b' is Inf" in str(error) and "at step 7" in str(error)
 
 
-def test_minimize_builds_an_ungated_backward_pass_checked_after_its_last_gradient():
-    """Speed (README "Performance"): no per-op gating, and the finite checks wait for
-    every gradient instead of running beside the backward pass."""
-    from estimator_dist import train_op
+
+def _minimize_checks(after_last_gradient):
+    """(every IsFinite op, the gradient ops they check) of a small net's minimize()."""
+    from estimator_dist import numerics, train_op
 
     with tf.Graph().as_default() as graph:
         x = tf.random.normal([8, 4])
         h = tf.compat.v1.layers.dense(x, 6, tf.nn.relu, name="hidden")
         loss = tf.reduce_mean(tf.square(tf.compat.v1.layers.dense(h, 1, name="out")))
-        train_op.minimize(loss, {"optimizer": "sgd", "learning_rate": 0.1})
+        with numerics.checks_after_last_gradient(after_last_gradient):
+            train_op.minimize(loss, {"optimizer": "sgd", "learning_rate": 0.1})
         names = [op.name for op in graph.get_operations()]
+        # TF1's default per-op gating (GATE_OP) groups each op's gradients in a tuple.
         assert not [n for n in names if n.startswith("gradients/") and "/tuple/" in n]
         checks = [op for op in graph.get_operations() if op.type == "IsFinite"]
         grads = {check.inputs[0].op for check in checks}
         assert len(checks) == 4 and all(g.name.startswith("gradients/") for g in grads)
-        for check in checks:
-            assert grads <= set(check.control_inputs) | {check.inputs[0].op}
+        return checks, grads
+
+
+@pytest.mark.parametrize("after_last_gradient", [True, False])
+def test_minimize_is_ungated_and_checks_after_the_last_gradient_only_when_asked(
+        after_last_gradient):
+    """Speed (README "Performance"): no per-op gating; the finite checks wait for every
+    gradient (one CPU replica on several threads) or run beside the backward pass."""
+    checks, grads = _minimize_checks(after_last_gradient)
+    waits = [grads <= set(c.control_inputs) | {c.inputs[0].op} for c in checks]
+    assert waits == [after_last_gradient] * len(checks)
+
+
+@pytest.mark.parametrize("strategy,n,expected", [("none", 1, True), ("tower", 1, True),
+                                                 ("mirrored", 2, False), ("tower", 2, False)])
+def test_checks_wait_for_the_last_gradient_on_one_multi_threaded_cpu_replica(strategy, n,
+                                                                              expected):
+    from estimator_dist import devices
+
+    p = runner.plan(make_config(strategy=strategy, num_devices=n, batch_size=8))
+    multi_core = devices.available_cores() > 1
+    assert runner.checks_after_last_gradient(p) is (expected and multi_core)

@@ -24,19 +24,22 @@ from estimator_dist.errors import NonFiniteError
 MARKER = "estimator_dist non-finite"
 _FOUND = re.compile(re.escape(MARKER) + r" (?P<what>[^:]+?)\s*: Tensor had (?P<kind>NaN|Inf) values")
 _AFTER_LAST_GRADIENT = [False]
+CONVOLUTIONS = ("Conv", "DepthwiseConv")  # op type prefixes: Conv2D, Conv3D, their gradients
 
 
 @contextlib.contextmanager
 def checks_after_last_gradient(enabled: bool = True):
-    """guard() calls inside run their finite checks only once every gradient exists.
+    """guard() calls inside, in a graph with convolutions, run their finite checks
+    only once every gradient exists.
 
     For a replica whose kernels run on several threads of a CPU (one device per
-    process): a check run beside the backward pass takes a core from one of a
-    kernel's threads and the whole kernel waits for it. Elsewhere the checks fill
-    idle time beside the backward pass and are better left there. Measured
-    (README "Performance"), interleaved bench groups against checks beside the
-    backward pass: ResNet-20 N=1 1.05 (mirrored N=2 0.97, so not there), the MLP
-    N=1 0.98.
+    process; the runner decides). A check run beside a convolution's backward
+    kernels holds a core one of the kernel's threads wanted, and the kernel waits
+    for its slowest thread; elsewhere the checks fill idle time beside the backward
+    pass and are better left there. Measured (README "Performance"), against the
+    checks beside the backward pass: ResNet-20 N=1 1.02-1.07 (mirrored N=2, one
+    thread per replica, 0.97: so not there), ResNet-8 1.02; a 2- and an 8-layer MLP
+    0.97 and 0.95 (so not without convolutions).
     """
     _AFTER_LAST_GRADIENT.append(enabled)
     try:
@@ -82,7 +85,7 @@ def _checked(values, variables):
     "Performance"). `is_finite` + `reduce_all` run vectorized on the step's
     threads; only a failing step pays for the per-gradient scan and its message.
     """
-    with tf.control_dependencies(values if _AFTER_LAST_GRADIENT[-1] else []):
+    with tf.control_dependencies(values if _checks_wait(values) else []):
         finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in values]))
     messages = [f"{MARKER} gradient of '{var.op.name}'" for var in variables]
 
@@ -93,6 +96,11 @@ def _checked(values, variables):
         return [tf.debugging.check_numerics(v, m) for v, m in zip(values, messages)]
 
     return tf.cond(finite, as_they_are, name_the_bad_one)
+
+
+def _checks_wait(values) -> bool:
+    return _AFTER_LAST_GRADIENT[-1] and any(
+        op.type.startswith(CONVOLUTIONS) for op in values[0].graph.get_operations())
 
 
 def _values(grad):

@@ -101,13 +101,15 @@ def test_guard_passes_finite_gradients_unchanged_and_names_the_bad_one():
 
 
 
-def _minimize_checks(after_last_gradient):
+def _minimize_checks(after_last_gradient, conv):
     """(every IsFinite op, the gradient ops they check) of a small net's minimize()."""
     from estimator_dist import numerics, train_op
 
     with tf.Graph().as_default() as graph:
-        x = tf.random.normal([8, 4])
-        h = tf.compat.v1.layers.dense(x, 6, tf.nn.relu, name="hidden")
+        x = tf.random.normal([8, 4, 4, 1])
+        if conv:
+            x = tf.compat.v1.layers.conv2d(x, 2, 3, use_bias=False, name="conv")
+        h = tf.compat.v1.layers.dense(tf.compat.v1.layers.flatten(x), 6, tf.nn.relu, name="hidden")
         loss = tf.reduce_mean(tf.square(tf.compat.v1.layers.dense(h, 1, name="out")))
         with numerics.checks_after_last_gradient(after_last_gradient):
             train_op.minimize(loss, {"optimizer": "sgd", "learning_rate": 0.1})
@@ -116,18 +118,20 @@ def _minimize_checks(after_last_gradient):
         assert not [n for n in names if n.startswith("gradients/") and "/tuple/" in n]
         checks = [op for op in graph.get_operations() if op.type == "IsFinite"]
         grads = {check.inputs[0].op for check in checks}
-        assert len(checks) == 4 and all(g.name.startswith("gradients/") for g in grads)
+        assert len(checks) == 4 + conv and all(g.name.startswith("gradients/") for g in grads)
         return checks, grads
 
 
-@pytest.mark.parametrize("after_last_gradient", [True, False])
+@pytest.mark.parametrize("after_last_gradient,conv", [(True, True), (True, False),
+                                                      (False, True)])
 def test_minimize_is_ungated_and_checks_after_the_last_gradient_only_when_asked(
-        after_last_gradient):
+        after_last_gradient, conv):
     """Speed (README "Performance"): no per-op gating; the finite checks wait for every
-    gradient (one CPU replica on several threads) or run beside the backward pass."""
-    checks, grads = _minimize_checks(after_last_gradient)
+    gradient (a conv net on one CPU replica on several threads) or run beside the
+    backward pass."""
+    checks, grads = _minimize_checks(after_last_gradient, conv)
     waits = [grads <= set(c.control_inputs) | {c.inputs[0].op} for c in checks]
-    assert waits == [after_last_gradient] * len(checks)
+    assert waits == [after_last_gradient and conv] * len(checks)
 
 
 @pytest.mark.parametrize("strategy,n,expected", [("none", 1, True), ("tower", 1, True),

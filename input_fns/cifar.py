@@ -18,6 +18,7 @@ from estimator_dist import reader_priority
 from estimator_dist.errors import UserError
 from estimator_dist.registry import register_input
 from input_fns import cifar_split
+from input_fns.batch_limit import check_training_batch
 
 HEIGHT = WIDTH = 32
 CHANNELS = 3
@@ -203,6 +204,13 @@ def prepare(params):
     return dict(extra, data_dir=data_dir)
 
 
+def training_examples(params) -> int:
+    """Examples in the training split (all pipelines), from the file sizes alone."""
+    if params.get("synthetic"):
+        return SYNTHETIC_TRAIN_EXAMPLES
+    return sum(os.path.getsize(path) // RECORD_BYTES for path in _data_files(params, True))
+
+
 def _data_files(params, training):
     root = _root(params)
     data_dir = find_data_dir(root)
@@ -321,6 +329,7 @@ def cifar_input(mode, params, input_context=None):
         ds = examples(params, False, input_context).batch(batch_size).map(
             standardized, num_parallel_calls=tf.data.AUTOTUNE)
         return ds.prefetch(tf.data.AUTOTUNE).with_options(pipeline_options())
+    check_training_batch("cifar", params, training_examples(params), input_context)
     return training_batches(params, batch_size, input_context) \
         .prefetch(tf.data.AUTOTUNE).with_options(pipeline_options())
 

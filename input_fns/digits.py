@@ -3,6 +3,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_dist.registry import register_input
+from input_fns.batch_limit import check_training_batch
 
 EVAL_FRACTION = 0.2
 SPLIT_SEED = 0  # fixed: the test split never changes between runs
@@ -44,6 +45,8 @@ def digits_input(mode, params, input_context=None):
     train_x, train_y, eval_x, eval_y = load_arrays(bool(params.get("synthetic")), params.get("seed"))
     training = mode == tf.estimator.ModeKeys.TRAIN
     x, y = (train_x, train_y) if training else (eval_x, eval_y)
+    if training:
+        check_training_batch("digits", params, len(x), input_context)
     ds = tf.data.Dataset.from_tensor_slices(({"image": x}, y))
     if input_context is not None and input_context.num_input_pipelines > 1:
         ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)

@@ -21,6 +21,7 @@ from estimator_dist import csv_rows
 from estimator_dist.csv_rows import MISSING
 from estimator_dist.errors import UserError
 from estimator_dist.registry import register_input
+from input_fns.batch_limit import check_training_batch
 
 DEFAULT_LABEL = "target"
 TASKS = ("auto", "classification", "regression")
@@ -241,7 +242,7 @@ def prepare(params) -> dict:
 
     Raises:
       UserError: the file is missing, empty, ragged or malformed, the label column is
-        unknown or has missing values, or a setting (task, eval_fraction) is invalid.
+        unknown or has missing values or a setting (task, eval_fraction) is invalid.
     """
     requested = params.get("task", "auto") or "auto"
     if requested not in TASKS:
@@ -322,6 +323,8 @@ def tabular_input(mode, params, input_context=None):
     if "serving_features" not in params:
         params = {**params, **prepare(params)}
     features, labels = load_split(params, mode)
+    if mode == tf.estimator.ModeKeys.TRAIN:
+        check_training_batch("tabular", params, len(labels), input_context)
     ds = tf.data.Dataset.from_tensor_slices((features, labels))
     if input_context is not None and input_context.num_input_pipelines > 1:
         ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)

@@ -152,7 +152,7 @@ def test_a_model_graph_that_fails_to_build_is_one_line_and_leaves_no_model_dir(t
     model_dir = tmp_path / "run"
     code, _, err = run_main(["train", "--model", "digits", "--input", "tabular", "--data_path",
                              str(csv), "--label_column", "y", "--model_dir", str(model_dir),
-                             "--train_steps", "2"], capsys)
+                             "--train_steps", "2", "--batch_size", "3"], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith("estimator-dist: error: model 'digits' could not build its train graph: "
                           "KeyError: 'image'; check its hparams"), err

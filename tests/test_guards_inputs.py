@@ -12,10 +12,15 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import guard_models  # noqa: F401 - registers guard_mlp
 from estimator_dist import cli
 from estimator_dist import launcher
+from estimator_dist.errors import UserError
+from estimator_dist.registry import INPUTS
+from input_fns import batch_limit
+from input_fns import cifar
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = "".join(f"{i},{i % 2},c{i % 3}\n" for i in range(10))  # row i is on line i + 2
@@ -58,6 +63,91 @@ def test_bad_csv_names_file_line_and_column(name, text, label, fragments, tmp_pa
                              "--label_column", label, "--model_dir", str(model_dir)], capsys)
     assert_one_line_error(code, err, str(path), *fragments)
     assert not model_dir.exists()
+
+
+TOO_BIG = 100_000_000
+# (name, train flags, training examples of the input's data, batch per replica)
+BIG_BATCH_RUNS = [
+    ("digits", ["--model", "digits"], 1438, TOO_BIG),
+    ("digits synthetic", ["--model", "digits", "--synthetic"], 410, TOO_BIG),
+    ("digits mirrored", ["--model", "digits", "--strategy", "mirrored", "--num_devices", "2"],
+     1438, TOO_BIG // 2),
+    ("tabular", ["--model", "tabular"], 455, TOO_BIG),
+    ("tabular synthetic", ["--model", "tabular", "--synthetic"], 320, TOO_BIG),
+    ("cifar synthetic", ["--model", "cifar", "--synthetic"], cifar.SYNTHETIC_TRAIN_EXAMPLES, TOO_BIG),
+    ("cifar files", ["--model", "cifar", "--data_dir", "CIFAR_DIR"], 5 * 20, TOO_BIG),
+]
+
+
+def write_cifar_records(directory, records=20):
+    """The six CIFAR-10 binary files, `records` all-zero records (label 0) each."""
+    directory.mkdir()
+    for name in cifar.ALL_FILES:
+        (directory / name).write_bytes(bytes(records * cifar.RECORD_BYTES))
+    return str(directory)
+
+
+@pytest.mark.parametrize("name,flags,examples,batch", BIG_BATCH_RUNS,
+                         ids=[c[0] for c in BIG_BATCH_RUNS])
+def test_a_training_batch_larger_than_the_data_is_refused_before_training(
+        name, flags, examples, batch, tmp_path, capsys):
+    """A repeated dataset batched past its length hung building the first batch."""
+    flags = [write_cifar_records(tmp_path / "cifar") if f == "CIFAR_DIR" else f for f in flags]
+    model_dir = tmp_path / "run"
+    code, _, err = run_main(["train", *flags, "--batch_size", str(TOO_BIG),
+                             "--model_dir", str(model_dir)], capsys)
+    replicas = TOO_BIG // batch
+    given = str(TOO_BIG) if replicas == 1 else f"{TOO_BIG} ({batch} per replica)"
+    assert_one_line_error(code, err, f"--batch_size {given}: larger than the {examples:,} "
+                                     f"training examples of input '{flags[1]}'; "
+                                     f"use at most {examples * replicas}")
+    assert not model_dir.exists()
+
+
+def test_a_training_batch_of_all_the_data_is_accepted(tmp_path, capsys):
+    """The limit itself trains (and its eval batch, larger than the eval split, is kept)."""
+    flags = ["train", "--model", "digits", "--train_steps", "1", "--eval_steps", "1",
+             "--export", "none"]
+    code, _, err = run_main(flags + ["--batch_size", "1439", "--model_dir", str(tmp_path / "no")],
+                            capsys)
+    assert_one_line_error(code, err, "--batch_size 1439: larger than the 1,438 training "
+                                     "examples of input 'digits'; use at most 1438")
+    assert not (tmp_path / "no").exists()
+    code, out, err = run_main(flags + ["--batch_size", "1438", "--model_dir", str(tmp_path / "run")],
+                              capsys)
+    assert code == 0, err
+    assert "global batch 1438" in out and "done: step 1" in out
+
+
+@pytest.mark.parametrize("examples,pipelines", [(10, 3), (1438, 3), (5, 8), (7, 1)])
+def test_pipeline_share_counts_as_dataset_shard_does(examples, pipelines):
+    for index in range(pipelines):
+        context = tf.distribute.InputContext(pipelines, index, pipelines)
+        shard = tf.data.Dataset.range(examples).shard(pipelines, index)
+        assert batch_limit.pipeline_share(examples, context) == len(list(shard))
+
+
+@pytest.mark.parametrize("input_name", ["digits", "tabular", "cifar"])
+def test_the_limit_is_this_pipelines_share_of_the_training_data(input_name):
+    """Sharded over 3 workers, pipeline 2 reads 1 in 3 training examples; its batch must fit."""
+    entry = INPUTS.get(input_name)
+    params = {"batch_size": 1, "synthetic": True, "seed": 1, "data_dir": None, "data_path": "",
+              "label_column": "", "reader_nice": 0}
+    params.update(entry.prepare(params))
+    total = params.get("train_examples", cifar.SYNTHETIC_TRAIN_EXAMPLES)
+    context = tf.distribute.InputContext(3, 2, 3)
+    share = len(range(2, total, 3))
+    too_big = dict(params, batch_size=share + 1, global_batch_size=3 * (share + 1))
+    with pytest.raises(UserError) as error:
+        entry.fn(tf.estimator.ModeKeys.TRAIN, too_big, context)
+    assert str(error.value) == (
+        f"--batch_size {3 * (share + 1)} ({share + 1} per replica): larger than the {share} "
+        f"training examples of input '{input_name}' (this pipeline's share: 1 in 3 of "
+        f"{total:,}); use at most {3 * share}")
+    fits = dict(params, batch_size=share, global_batch_size=3 * share)
+    assert isinstance(entry.fn(tf.estimator.ModeKeys.TRAIN, fits, context), tf.data.Dataset)
+    # Evaluation keeps a last batch smaller than the batch size: any size is fine there.
+    assert isinstance(entry.fn(tf.estimator.ModeKeys.EVAL, too_big, context), tf.data.Dataset)
 
 
 def test_predict_csv_with_text_in_a_numeric_feature(tmp_path, capsys):

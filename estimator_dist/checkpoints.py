@@ -14,8 +14,10 @@ import shutil
 from typing import Callable, Dict, List, Mapping, Optional
 
 import tensorflow as tf
+import yaml
 
 from estimator_dist import files
+from estimator_dist.config import CONFIG_FILE
 from estimator_dist.errors import UserError, first_line
 
 STATE_FILE = "checkpoint"
@@ -183,7 +185,17 @@ def check_matches(model: Mapping[str, List[int]], checkpoint: Mapping[str, List[
     problems = compare(model, checkpoint, extras=training)
     if not problems:
         return
-    config = os.path.join(model_dir or os.path.dirname(prefix), "config.yaml")
+    model_dir = model_dir or os.path.dirname(prefix)
+    config = os.path.join(model_dir, CONFIG_FILE)
+    if training and _another_models(model, checkpoint):
+        saved, flags = saved_model(model_dir)
+        wrote = f"a '{saved}' model (see {config})" if saved else "another model"
+        raise UserError(f"checkpoint {prefix} holds none of the model's variables (it has "
+                        f"{_names(sorted(_trained(checkpoint)))}; the model has "
+                        f"{_names(sorted(_trained(model)))}): {model_dir} holds the checkpoints "
+                        f"of {wrote}, or of a model_fn whose variable names have changed; give a "
+                        f"new --model_dir, or train it with the model that wrote it"
+                        + (f" ({flags})" if saved else ""))
     if training:
         fix = (f"use the hparams it was trained with (see {config}), or train into a new "
                f"--model_dir (--warm_start_from {prefix} --warm_start_vars REGEX takes over the "
@@ -193,6 +205,50 @@ def check_matches(model: Mapping[str, List[int]], checkpoint: Mapping[str, List[
                f"the model code and hparams it was trained with, or train into a new --model_dir "
                f"with --warm_start_from {prefix} --warm_start_vars REGEX")
     raise UserError(f"checkpoint {prefix} does not match the model: {'; '.join(problems)}; {fix}")
+
+
+def _trained(variables: Mapping[str, List[int]]) -> List[str]:
+    """The names of a model's own variables: no global step, no optimizer slots."""
+    return [n for n in variables if n != "global_step" and not _is_slot(n)]
+
+
+def _another_models(model: Mapping[str, List[int]], checkpoint: Mapping[str, List[int]]) -> bool:
+    """True when the checkpoint holds none of the model's own variables (both have some)."""
+    own = _trained(model)
+    return bool(own) and bool(_trained(checkpoint)) and not set(own) & set(checkpoint)
+
+
+def saved_model(model_dir: str):
+    """(--model, the flags that train it) named by model_dir's config.yaml; (None, "") if it
+    names none or cannot be read."""
+    try:
+        with open(os.path.join(model_dir, CONFIG_FILE)) as f:
+            data = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return None, ""
+    name = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(name, str) or not name:
+        return None, ""
+    imports = data.get("imports") if isinstance(data.get("imports"), list) else []
+    return name, " ".join([f"--model {name}"] + [f"--import {m}" for m in imports])
+
+
+def check_same_model(model_dir: str, model: str):
+    """Before training: refuse a model_dir that holds checkpoints of another --model.
+
+    Its config.yaml names the model that wrote them. Resuming them into `model`
+    would fail on every variable, and the fix is another --model_dir (or the
+    other --model), not other hparams. Reads only; a model_dir without complete
+    checkpoints or without a readable config.yaml is left to check_resume.
+    """
+    present = complete_checkpoints(model_dir)
+    saved, flags = saved_model(model_dir) if present else (None, "")
+    if saved is None or saved == model:
+        return
+    raise UserError(f"--model_dir {model_dir} holds a '{saved}' model (checkpoints to step "
+                    f"{max(present)}; see {os.path.join(model_dir, CONFIG_FILE)}), not "
+                    f"'{model}'; give a new --model_dir to train '{model}', or {flags} to "
+                    f"resume it")
 
 
 def model_variables(model_fn, input_fn, params, run_config=None,

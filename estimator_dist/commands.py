@@ -2,6 +2,7 @@
 import os
 import sys
 
+from estimator_dist import checkpoints
 from estimator_dist import config as config_lib
 from estimator_dist import export as export_lib
 from estimator_dist import files
@@ -40,7 +41,9 @@ def saved_config(model_dir: str, **flags):
 
 
 def train(args):
-    runner.train(config_from_args(args))
+    config = config_from_args(args)
+    checkpoints.check_same_model(runner.default_model_dir(config), config.model)
+    runner.train(config)
 
 
 def evaluate(args):
@@ -97,12 +100,26 @@ def checked_train_args(args) -> list:
     strategy = launcher.cluster_strategy(None, args.ps)
     if not any(a == "--strategy" or a.startswith("--strategy=") for a in train_args):
         train_args += ["--strategy", strategy]
-    train_ns = build_parser().parse_args(["train"] + train_args)  # bad flags: usage, exit 2
+    parser = build_parser()
+    train_ns, unknown = parser.parse_known_args(["train"] + train_args)  # bad values: exit 2
+    if unknown:
+        pass_through_parser(parser, args.command).unrecognized(unknown)  # exit 2
     config = config_from_args(train_ns)
+    if args.command == "cluster":  # a TFJob's model_dir is on its pods' storage
+        checkpoints.check_same_model(runner.default_model_dir(config), config.model)
     launcher.check_shape(args.workers, args.ps, config.distribute.strategy)
     check_evaluations(config, args.evaluator)
     runner.check_cluster_run(config, args.workers, local=args.command == "cluster")
     return train_args, config
+
+
+def pass_through_parser(parser, command: str):
+    """A parser that knows `command`'s own flags and the train flags it passes on, so that an
+    unknown one gets the closest of both ("did you mean --model for --modle?")."""
+    from estimator_dist.cli import Parser, subcommand
+
+    return Parser(prog=f"{parser.prog} {command}", add_help=False, conflict_handler="resolve",
+                  parents=[subcommand(parser, "train"), subcommand(parser, command)])
 
 
 def check_evaluations(config, evaluator: bool):

@@ -361,8 +361,12 @@ def train_args_for(command: str, launcher: Optional[str], train_args: List[str])
     """The train flags of `cluster`/`tfjob`: --launcher horovod means --strategy horovod.
 
     The launcher follows the strategy: `--strategy horovod` alone runs Horovod
-    ranks too; a launcher that contradicts the strategy is an error.
+    ranks too; a launcher that contradicts the strategy is an error. A `--` before
+    them (`cluster --workers 2 -- --model digits`) only separates them.
     """
+    train_args = list(train_args)
+    if "--" in train_args:
+        train_args.remove("--")
     strategy = _strategy_in(train_args, required=False)
     if command == "tfjob" and strategy == "horovod":
         raise UserError("tfjob --strategy horovod: a TFJob runs TF_CONFIG tasks; run Horovod "
@@ -375,8 +379,8 @@ def train_args_for(command: str, launcher: Optional[str], train_args: List[str])
         raise UserError("--launcher tf_config --strategy horovod: Horovod ranks are started by "
                         "--launcher horovod; drop --launcher tf_config")
     if launcher == "horovod" and strategy is None:
-        return list(train_args) + ["--strategy", "horovod"]
-    return list(train_args)
+        return train_args + ["--strategy", "horovod"]
+    return train_args
 
 
 def _strategy_in(train_args: List[str], required: bool = True) -> Optional[str]:

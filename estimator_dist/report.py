@@ -1,42 +1,73 @@
 """`estimator-dist report`: a model_dir's event files as a table, a CSV and a PNG of the curves."""
 import glob
 import os
-from typing import Dict, Tuple
+import re
+from typing import Dict, List, Tuple
 
 import pandas as pd
 import tensorflow as tf
 
 from estimator_dist import files
-from estimator_dist.errors import UserError
+from estimator_dist.errors import UserError, first_line
 
 EVAL_PREFIX = "eval_"
 
 
-def _scalars(pattern: str, prefix: str = "") -> Dict[Tuple[int, str], float]:
+def _scalars(pattern: str, prefix: str, unreadable: List[str]) -> Dict[Tuple[int, str], float]:
+    """{(step, tag): value} of every scalar in the files matching `pattern`.
+
+    TensorFlow reads a file cut off mid-write up to the cut (a DataLossError
+    there), and one cut inside its first record as an empty file (no error):
+    the records before the cut are kept, and every file that ends in a damaged
+    record or holds none is appended to `unreadable` ("PATH ...").
+    """
     values = {}
     for path in sorted(glob.glob(pattern)):
+        records = 0
         try:
             for event in tf.compat.v1.train.summary_iterator(path):
+                records += 1
                 for value in event.summary.value:
                     if value.HasField("simple_value"):
                         values[(int(event.step), prefix + value.tag)] = value.simple_value
-        except tf.errors.DataLossError:
-            continue  # a file cut off mid-write: keep what was read
+        except tf.errors.OpError as e:  # DataLossError (truncated, corrupt), PermissionDenied, ...
+            at = re.search(r"record at (\d+)", first_line(e))
+            where = f"at byte {at.group(1)} of {os.path.getsize(path)}" if at else \
+                f"({first_line(e, 120)})"
+            unreadable.append(f"{path} is cut off or corrupt {where}, after {records} complete "
+                              f"record(s)")
+            continue
+        if not records:
+            unreadable.append(f"{path} holds no complete record ({os.path.getsize(path)} bytes)")
     return values
 
 
 def load(model_dir: str) -> pd.DataFrame:
-    """One row per step: training scalars (loss, tower losses, rates) and eval_* metrics."""
+    """One row per step: training scalars (loss, tower losses, rates) and eval_* metrics.
+
+    frame.attrs["unreadable"]: the event files read only in part (see _scalars).
+    """
     if not os.path.isdir(model_dir):
         raise UserError(f"--model_dir {model_dir}: no such directory")
-    values = _scalars(os.path.join(model_dir, "events.out.tfevents.*"))
-    values.update(_scalars(os.path.join(model_dir, "eval", "events.out.tfevents.*"), EVAL_PREFIX))
+    unreadable: List[str] = []
+    values = _scalars(os.path.join(model_dir, "events.out.tfevents.*"), "", unreadable)
+    values.update(_scalars(os.path.join(model_dir, "eval", "events.out.tfevents.*"), EVAL_PREFIX,
+                           unreadable))
+    if not values and unreadable:
+        more = f" (and {len(unreadable) - 1} more file(s))" if len(unreadable) > 1 else ""
+        raise UserError(f"{model_dir} has event files, but no scalar in them can be read: "
+                        f"{unreadable[0]}{more}; they were cut off or damaged (a full disk, an "
+                        f"interrupted copy): copy them again from the run's original model_dir "
+                        f"if there is one, else their scalars are lost (training on from the "
+                        f"latest checkpoint writes new ones)")
     if not values:
         raise UserError(f"{model_dir} has no TensorBoard event files with scalars; train first")
     series = pd.Series(values)
     frame = series.unstack().sort_index()
     frame.index.name = "step"
-    return frame.drop(columns=[c for c in frame.columns if c == f"{EVAL_PREFIX}global_step"])
+    frame = frame.drop(columns=[c for c in frame.columns if c == f"{EVAL_PREFIX}global_step"])
+    frame.attrs["unreadable"] = unreadable
+    return frame
 
 
 def plot(frame: pd.DataFrame, path: str):
@@ -80,6 +111,8 @@ def summary(frame: pd.DataFrame) -> str:
         train = frame["loss"].dropna()
         lines.append(f"train loss {train.iloc[0]:.4f} at step {int(train.index[0])} -> "
                      f"{train.iloc[-1]:.4f} at step {int(train.index[-1])}")
+    for problem in frame.attrs.get("unreadable", ()):
+        lines.append(f"note: scalars may be missing: {problem}")
     return "\n".join(lines)
 
 

@@ -68,3 +68,23 @@ def test_unset_is_local_and_valid_configs_pass():
     assert spec.num_ps == 1 and spec.is_distributed and not spec.is_chief
     evaluator = cluster.from_env("parameter_server", {"TF_CONFIG": tf_config(task_type="evaluator")})
     assert evaluator.is_evaluator
+
+
+@pytest.mark.parametrize("argv,unknown,hint", [
+    (["cluster", "--workers", "2", "--modle", "digits"], "--modle digits", "--model for --modle"),
+    (["cluster", "--wrokers", "2", "--train_steps", "5"], "--wrokers 2", "--workers for --wrokers"),
+    (["tfjob", "--image", "img:1", "--modle", "digits"], "--modle digits", "--model for --modle"),
+    (["tfjob", "--image", "img:1", "--trian_steps=5"], "--trian_steps=5",
+     "--train_steps for --trian_steps"),
+])
+def test_pass_through_typos_get_did_you_mean(argv, unknown, hint, capsys):
+    """`train --modle` got "did you mean --model"; the same typo in the flags cluster and tfjob
+    pass on to train got only "unrecognized arguments" (from the top-level parser)."""
+    from estimator_dist import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        f"estimator-dist {argv[0]}: error: unrecognized arguments: {unknown} (did you mean "
+        f"{hint}?); see 'estimator-dist {argv[0]} --help'\n")

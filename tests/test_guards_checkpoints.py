@@ -275,3 +275,37 @@ def test_a_run_resumes_with_or_without_early_stop(tmp_path):
     assert quick_train(tmp_path, steps=30, **every)["global_step"] == 30
     assert quick_train(tmp_path, steps=40, **early)["global_step"] == 40
     assert not [n for n, _ in tf.train.list_variables(str(tmp_path)) if "early_stopping" in n]
+
+
+def test_a_model_dir_of_another_model_is_refused_naming_both_models(model_dir, capsys):
+    """Training digits into guard_mlp's model_dir said "use the hparams it was trained with",
+    which no hparams fix: the fix is another --model_dir, or the model that wrote it."""
+    config = model_dir / "config.yaml"
+    config.write_text(config.read_text().replace("imports: []", "imports:\n- guard_models"))
+    before = snapshot(model_dir)
+    message = (f"estimator-dist: error: --model_dir {model_dir} holds a 'guard_mlp' model "
+               f"(checkpoints to step 10; see {config}), not 'digits'; give a new --model_dir to "
+               f"train 'digits', or --model guard_mlp --import guard_models to resume it\n")
+    for command in (["train"], ["cluster", "--workers", "2"]):  # cluster: before any task starts
+        assert main(command + ["--model", "digits", "--model_dir", str(model_dir),
+                               "--train_steps", "2"]) == 2
+        assert capsys.readouterr().err == message
+    assert snapshot(model_dir) == before
+
+
+def test_checkpoints_of_another_model_without_a_config_are_named_so(model_dir, capsys):
+    """No config.yaml to name the model: the variables tell that another model wrote them."""
+    (model_dir / "config.yaml").unlink()
+    before = snapshot(model_dir)
+    assert main(["train", "--model", "digits", "--model_dir", str(model_dir),
+                 "--train_steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"estimator-dist: error: checkpoint {model_dir / 'model.ckpt-10'} holds "
+                          f"none of the model's variables (it has 'hidden/bias', 'hidden/kernel', "
+                          f"'logits/bias', 'logits/kernel'; the model has 'digits_cnn/"), err
+    assert err.endswith(f"): {model_dir} holds the checkpoints of another model, or of a model_fn "
+                        f"whose variable names have changed; give a new --model_dir, or train "
+                        f"it with the model that wrote it\n"), err
+    assert "use the hparams" not in err
+    assert snapshot(model_dir) == before

@@ -392,3 +392,58 @@ def test_export_to_a_directory_that_cannot_be_written_is_one_line_and_leaves_not
         with pytest.raises(UserError, match=f"^{re.escape(message)}$"):
             export_lib.export_saved_model(estimator, {"x": [[2], "float32"]}, base, checkpoint)
     assert sorted(os.listdir(tmp_path)) == ["afile", "md"]
+
+
+def cut(path, size):
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+def test_report_names_an_unreadable_event_file_instead_of_train_first(tmp_path, capsys):
+    """Event files cut off (a full disk, an interrupted copy) said "train first". Measured in
+    TF 2.15: a file cut anywhere gives its records before the cut, and cut inside its first
+    record reads as empty (no error); halved, the training file ends inside its graph, before
+    any scalar."""
+    from estimator_dist.cli import main
+
+    model_dir = tmp_path / "run"
+    train(model_dir, train_steps=2, export="none")
+    argv = ["report", "--model_dir", str(model_dir), "--output_dir", str(tmp_path / "out")]
+    events = sorted(model_dir.glob("events.out.tfevents.*"))
+    evals = sorted((model_dir / "eval").glob("events.out.tfevents.*"))
+    assert len(events) == len(evals) == 1
+    fix = ("; they were cut off or damaged (a full disk, an interrupted copy): copy them again "
+           "from the run's original model_dir if there is one, else their scalars are lost "
+           "(training on from the latest checkpoint writes new ones)\n")
+
+    # One file cut: the report keeps the rest and the complete records, and says so.
+    half = evals[0].stat().st_size // 2
+    cut(evals[0], half)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "train loss" in out and "final eval" not in out
+    assert re.search(rf"\nnote: scalars may be missing: {re.escape(str(evals[0]))} is cut off or "
+                     rf"corrupt at byte \d+ of {half}, after \d+ complete record\(s\)\n", out), out
+
+    # Every file cut: nothing to report, and the message says why.
+    size = events[0].stat().st_size // 2
+    cut(events[0], size)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"estimator-dist: error: {re.escape(str(model_dir))} has event files, "
+                        rf"but no scalar in them can be read: {re.escape(str(events[0]))} is cut "
+                        rf"off or corrupt at byte \d+ of {size}, after \d+ complete record\(s\) "
+                        rf"\(and 1 more file\(s\)\){re.escape(fix)}", err), err
+    for path in events + evals:
+        cut(path, 10)  # inside the first record's 12-byte header: read as empty
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"estimator-dist: error: {model_dir} has event files, but no scalar in them can be read: "
+        f"{events[0]} holds no complete record (10 bytes) (and 1 more file(s)){fix}")
+
+    # No event files at all: train first, as before.
+    for path in events + evals:
+        path.unlink()
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (f"estimator-dist: error: {model_dir} has no TensorBoard "
+                                       f"event files with scalars; train first\n")

@@ -7,6 +7,23 @@ import sys
 from estimator_dist import errors
 from estimator_dist import files
 
+
+def model_dir_arg(fix: str):
+    """argparse type of a --model_dir flag: an explicit empty value ('--model_dir ""',
+    '--model_dir=') is refused, not silently taken for the default (train's runs/MODEL) or
+    for the current directory (evaluate, export, report)."""
+    def parse(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError(f"'' is empty; {fix}")
+        return text
+
+    return parse
+
+
+TRAIN_MODEL_DIR = model_dir_arg("give a directory, or leave the flag out for the default "
+                                "runs/MODEL")
+READ_MODEL_DIR = model_dir_arg("give the model_dir a train run wrote (e.g. runs/digits)")
+
 TRAIN_FLAGS = {
     # flag: (type, help)
     "input": (str, "registered input (default: the model's own)"),
@@ -54,7 +71,8 @@ TRAIN_FLAGS = {
     "min_delta": (float, "with --early_stop: smallest change that counts as improvement"),
     "warm_start_from": (str, "initialise from this checkpoint or model_dir (new runs only)"),
     "warm_start_vars": (str, "regex of the variables to warm-start (default all)"),
-    "model_dir": (str, "where checkpoints, events, config and exports go (default runs/MODEL)"),
+    "model_dir": (TRAIN_MODEL_DIR, "where checkpoints, events, config and exports go (default "
+                                   "runs/MODEL)"),
     "summary_json": (str, "write final metrics, global step, exports, examples/sec here"),
 }
 
@@ -121,13 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(train)
 
     ev = sub.add_parser("evaluate", help="evaluate a model_dir's checkpoint on its eval data")
-    ev.add_argument("--model_dir", required=True)
+    ev.add_argument("--model_dir", required=True, type=READ_MODEL_DIR)
     ev.add_argument("--checkpoint", default="", help="a checkpoint path or model.ckpt-N (default latest)")
     ev.add_argument("--eval_steps", type=int, default=None, help="batches (default: as trained)")
     _add_common(ev)
 
     ex = sub.add_parser("export", help="export a SavedModel from a model_dir's checkpoint, on CPU")
-    ex.add_argument("--model_dir", required=True)
+    ex.add_argument("--model_dir", required=True, type=READ_MODEL_DIR)
     ex.add_argument("--checkpoint", default="", help="a checkpoint path or model.ckpt-N (default latest)")
     ex.add_argument("--export_dir", default="", help="base directory (default MODEL_DIR/export/manual)")
     _add_common(ex)
@@ -164,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     tj.add_argument("--output", default="", help="file to write (default: stdout)")
 
     rp = sub.add_parser("report", help="a model_dir's event files as a CSV, a PNG plot and a summary")
-    rp.add_argument("--model_dir", required=True)
+    rp.add_argument("--model_dir", required=True, type=READ_MODEL_DIR)
     rp.add_argument("--output_dir", default="", help="where report.csv/.png go (default MODEL_DIR/report)")
     _add_common(rp)
 

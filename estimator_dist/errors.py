@@ -70,6 +70,13 @@ class TrainingFailed(ReportedError):
     exit_code = EXIT_INTERNAL
 
 
+class OutOfMemory(TrainingFailed):
+    """TensorFlow could not allocate a tensor (ResourceExhaustedError, or a folded constant it
+    could not expand) while initializing or training the model: it or its batch is too large
+    for this machine. Permanent for the same command (exit 1, one line); a model_dir the run
+    created is removed while it holds no checkpoint."""
+
+
 class Preempted(ReportedError):
     """SIGTERM during training: a final checkpoint was written; rerun to resume."""
 

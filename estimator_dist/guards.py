@@ -2,13 +2,15 @@
 
 - before: `check_resume` (checkpoints.py) refuses a checkpoint that is damaged
   or does not match the model and repairs a broken state file, before anything
-  is written;
+  is written; GuardHook refuses, before the session that would initialize them,
+  variables that cannot fit in this machine's memory (memory.py);
 - during: `TrainingGuard` adds GuardHook to the TrainSpec, turns SIGTERM into a
   final checkpoint (preemption.py), makes a failed checkpoint save an error
   (storage.py), never creates world-writable files;
 - after a failure: removes the temp files the run left and turns TensorFlow's
   errors into one-line ReportedErrors: NonFiniteError naming the step
-  (numerics.py), StorageError naming the file.
+  (numerics.py), StorageError naming the file, OutOfMemory naming the tensor
+  (memory.py).
 """
 import contextlib
 from typing import List, Optional
@@ -16,6 +18,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 from estimator_dist import checkpoints
+from estimator_dist import memory
 from estimator_dist import numerics
 from estimator_dist import preemption
 from estimator_dist import quiet
@@ -29,11 +32,13 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
     Steps are counted from the restored global step, one per `runs_per_step`
     session runs (--accumulate_steps; see accumulate.AccumulateHook), so the step
     a failing run was computing is `step + 1` with no extra fetch per run.
+    check_memory: refuse variables that cannot fit in memory (memory.check_variables_fit).
     """
 
-    def __init__(self, model_dir: str, runs_per_step: int = 1):
+    def __init__(self, model_dir: str, runs_per_step: int = 1, check_memory: bool = False):
         self._model_dir = model_dir
         self._runs_per_step = max(1, runs_per_step)
+        self._check_memory = check_memory
         self.step: Optional[int] = None
         self.active = False
         self.stop_requested = False
@@ -41,6 +46,9 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
         self._saver = None
 
     def begin(self):
+        if self._check_memory:
+            memory.check_variables_fit(tf.compat.v1.global_variables() +
+                                tf.compat.v1.local_variables())
         self._global_step = tf.compat.v1.train.get_global_step()
         savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
         self._saver = savers[0] if savers else None
@@ -87,14 +95,16 @@ class TrainingGuard:
     statistics are all-reduced when read), so a chief saving by itself waits forever
     (measured): there, as on every other task, SIGTERM keeps its default, immediate
     exit. After a failure a task removes only the temp files of what it writes:
-    checkpoints (local, chief), exports (local, evaluator).
+    checkpoints (local, chief), exports (local, evaluator). Only a local run checks
+    that its variables fit in this machine's memory: in a cluster they may live on
+    parameter servers elsewhere.
     """
 
     def __init__(self, model_dir: str, runs_per_step: int = 1, role: str = "local",
                  chief_saves_alone: bool = True):
         self.model_dir = model_dir
         self.role = role
-        self.hook = GuardHook(model_dir, runs_per_step)
+        self.hook = GuardHook(model_dir, runs_per_step, check_memory=role == "local")
         self.handles_sigterm = role == "local" or (role == "chief" and chief_saves_alone)
 
     def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:
@@ -144,6 +154,9 @@ class TrainingGuard:
         if storage.storage_reason(exc):
             raise storage.storage_error(exc, f"writing into {self.model_dir}",
                                         self.hook.kept()) from None
+        if memory.is_out_of_memory(exc) and quiet.is_quiet():
+            raise memory.out_of_memory(exc, self.hook.step,
+                                tf.train.latest_checkpoint(self.model_dir)) from None
         if isinstance(exc, tf.errors.OpError) and quiet.is_quiet():
             step = self.hook.step + 1 if self.hook.step is not None else None
             latest = tf.train.latest_checkpoint(self.model_dir)

@@ -38,7 +38,7 @@ from estimator_dist import saver_hook
 from estimator_dist import strategies
 from estimator_dist import towers
 from estimator_dist import xla
-from estimator_dist.errors import UserError, first_line
+from estimator_dist.errors import OutOfMemory, UserError, first_line
 from estimator_dist.hooks import ProgressHook
 from estimator_dist.registry import INPUTS, MODELS, Entry, check_data_flags
 
@@ -620,13 +620,14 @@ def reports_summary(p: Plan) -> bool:
 def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
     """Train and evaluate as configured (this process's part of a cluster); returns the summary.
 
-    A run refused (UserError) before its first checkpoint leaves no model_dir it created.
+    A run refused (UserError) or out of memory (OutOfMemory: a model or batch too large for
+    the machine) before its first checkpoint leaves no model_dir it created.
     """
     p = plan(config)
     created = p.writes_run_files and not os.path.exists(p.model_dir)
     try:
         return _train(p, out)
-    except UserError:
+    except (UserError, OutOfMemory):
         if created and os.path.isdir(p.model_dir) and \
                 not checkpoints_lib.complete_checkpoints(p.model_dir):
             shutil.rmtree(p.model_dir, ignore_errors=True)

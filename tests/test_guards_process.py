@@ -1,7 +1,10 @@
-"""The real CLI in a subprocess: preemption (SIGTERM), kill -9, a full disk, the umask.
+"""The real CLI in a subprocess: preemption (SIGTERM), kill -9, a full disk, the umask,
+out of memory.
 
 Each run is bounded by a timeout; the faults are real signals and a real
-RLIMIT_FSIZE (Python ignores SIGXFSZ, so writes past the limit fail with EFBIG).
+RLIMIT_FSIZE (Python ignores SIGXFSZ, so writes past the limit fail with EFBIG); tensors too
+large for memory are refused by TensorFlow without allocating them (2**64 bytes), or run under
+RLIMIT_AS.
 """
 import errno
 import os
@@ -19,8 +22,10 @@ import tensorflow as tf
 import guard_models  # noqa: F401 - registers guard_mlp for the in-process parts
 from estimator_dist import files
 from estimator_dist import guards
+from estimator_dist import memory
 from estimator_dist.cli import main
-from estimator_dist.errors import EXIT_PREEMPTED, EXIT_STORAGE, Preempted, StorageError
+from estimator_dist.errors import (EXIT_INTERNAL, EXIT_PREEMPTED, EXIT_STORAGE, EXIT_USER,
+                                   OutOfMemory, Preempted, StorageError, UserError)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, "tests")
@@ -267,3 +272,148 @@ def test_sigterm_outside_a_training_step_stops_at_once(tmp_path):
             time.sleep(10)
     assert time.monotonic() - started < 5
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def address_space_limit(limit_bytes):
+    """preexec_fn: the child may map at most limit_bytes (ulimit -v), so that a model that
+    slipped past the memory check fails instead of filling the machine's RAM."""
+    def preexec():
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+    return preexec
+
+
+def test_a_model_too_large_for_memory_is_refused_before_its_session(tmp_path):
+    """`--set filters=100000000`: digits' variables need 1.2 EiB. TensorFlow filled 10 GB of
+    RAM for 30 s, then failed with "training failed at step None: Cannot parse tensor from
+    proto ... check the input's labels", leaving config.yaml and an events file; under
+    ulimit -v it died of a segmentation fault."""
+    model_dir = tmp_path / "run"
+    started = time.monotonic()
+    proc = run([sys.executable, "-m", "estimator_dist", "train", "--model", "digits",
+                "--set", "filters=100000000", "--model_dir", str(model_dir), "--train_steps", "5"],
+               preexec_fn=address_space_limit(16 * 2**30))
+    assert proc.returncode == EXIT_USER, proc.stderr
+    err = proc.stderr.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    assert err == ("estimator-dist: error: out of memory: the model's variables need 1.2 EiB (the "
+                   "largest: 'digits_cnn/conv2/kernel' [3, 3, 100000000, 200000000] 639.5 PiB, "
+                   "'digits_cnn/conv2/kernel/Momentum' [3, 3, 100000000, 200000000] 639.5 PiB, "
+                   "'digits_cnn/fc/kernel' [3200000000, 128] 1.5 TiB), more than the address-space "
+                   "limit (ulimit -v), 16.0 GiB; lower the model's size hparams (--set ...; "
+                   "'estimator-dist list' shows them)")
+    assert not model_dir.exists()  # config.yaml and the events file it had written are gone
+    assert time.monotonic() - started < 60
+
+
+def test_the_memory_check_counts_every_variable_against_the_limit():
+    with tf.Graph().as_default():
+        tf.compat.v1.get_variable("a", [1000], tf.float32)
+        tf.compat.v1.get_variable("b", [10, 10], tf.float64)
+        variables = tf.compat.v1.global_variables()
+        memory.check_variables_fit(variables, (4800, "a test limit"))
+        with pytest.raises(UserError) as e:
+            memory.check_variables_fit(variables, (4799, "a test limit"))
+    assert str(e.value) == ("out of memory: the model's variables need 4.7 KiB (the largest: 'a' "
+                            "[1000] 3.9 KiB, 'b' [10, 10] 800 B), more than a test limit, 4.7 KiB; "
+                            "lower the model's size hparams (--set ...; 'estimator-dist list' "
+                            "shows them)")
+    limit, what = memory.memory_limit()
+    assert limit > 2**28 and what  # RAM and swap, or this process's ulimit -v
+
+
+OOM_MODULE = '''
+"""A model whose training step (at: step) or session creation (at: init) needs a
+[2**31, 2**31] float32 tensor: 2**64 bytes, which TensorFlow refuses at once without
+allocating anything."""
+import tensorflow as tf
+
+import estimator_dist
+from estimator_dist.registry import register_model
+
+HUGE = 2 ** 31
+
+
+@register_model("oom_step", hparams={"learning_rate": 0.1, "optimizer": "sgd", "tensor": "fill",
+                                     "at": "step"},
+                default_input="guard_xy",
+                run_defaults={"batch_size": 16, "eval_steps": 1, "export": "none"})
+def oom_step(features, labels, mode, params):
+    logits = tf.compat.v1.layers.dense(features["x"], 3, name="logits")
+    scaffold = None
+    if mode == tf.estimator.ModeKeys.TRAIN:
+        if params["tensor"] == "fill":  # a shape known at run time: ResourceExhaustedError
+            n = tf.compat.v1.placeholder_with_default(tf.constant(HUGE, tf.int64), [])
+            huge = tf.fill(tf.stack([n, n]), 0.0, name="huge")
+        else:  # a constant, as Grappler folds tf.ones/tf.zeros initializers
+            huge = tf.zeros([HUGE, HUGE], name="huge")
+        if params["at"] == "init":  # assigned: Grappler prunes a stateless op that only
+            # a control dependency reaches
+            sink = tf.compat.v1.get_local_variable("sink", [], initializer=tf.zeros_initializer())
+            scaffold = tf.compat.v1.train.Scaffold(local_init_op=tf.group(
+                tf.compat.v1.local_variables_initializer(), sink.assign(tf.reduce_sum(huge))))
+        else:
+            logits += tf.reduce_sum(huge)
+    predictions = {"class_ids": tf.argmax(logits, axis=-1)}
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions=predictions, export_outputs={
+            "serving_default": tf.estimator.export.PredictOutput(predictions)})
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if mode == tf.estimator.ModeKeys.EVAL:
+        return tf.estimator.EstimatorSpec(mode, loss=loss)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, scaffold=scaffold,
+                                      train_op=estimator_dist.minimize(loss, params))
+'''
+
+
+OOM_FILL = (r"OOM when allocating tensor with shape\[2147483648,2147483648\] and type float on "
+            r"\S+ by allocator \w+ \(ResourceExhaustedError\)")
+OOM_CONST = (r"the constant 'huge' of shape \[2147483648, 2147483648\] could not be allocated "
+             r"\(InvalidArgumentError: Cannot parse tensor from proto\)")
+
+
+@pytest.mark.parametrize("at,tensor,what", [
+    ("step", "fill", OOM_FILL), ("step", "const", OOM_CONST), ("init", "fill", OOM_FILL)])
+def test_out_of_memory_in_a_session_is_one_line_exit_1(at, tensor, what, tmp_path, monkeypatch,
+                                                       capsys):
+    """A tensor TensorFlow cannot allocate in a training step or while the session initializes
+    (the variables fit): one line naming it and the fix, exit 1, where it was "training failed
+    at step None: ...; check the input's labels" (a traceback with --verbose). A checkpoint
+    written before the step stays; a model_dir with none, created by the run, is removed."""
+    (tmp_path / "oom_models.py").write_text(OOM_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model_dir = tmp_path / "run"
+    code = main(["train", "--import", "oom_models", "--model", "oom_step", "--set",
+                 f"tensor={tensor}", "--set", f"at={at}", "--model_dir", str(model_dir),
+                 "--train_steps", "3"])
+    err = capsys.readouterr().err
+    assert code == EXIT_INTERNAL and err.count("\n") == 1 and "Traceback" not in err, err
+    where, kept = (("at step 1", f"the latest checkpoint is {model_dir / 'model.ckpt-0'}")
+                   if at == "step" else ("before the first step (initializing the variables)",
+                                         "no checkpoint was written"))
+    assert re.fullmatch(
+        rf"estimator-dist: error: out of memory {re.escape(where)}: {what}; lower --batch_size "
+        rf"or the model's size hparams \(--set \.\.\.; 'estimator-dist list' shows them\); "
+        rf"{re.escape(kept)}; --verbose shows TensorFlow's traceback\n", err), err
+    if at == "step":
+        assert latest_step(model_dir) == 0
+    else:
+        assert not model_dir.exists()  # config.yaml and the events file it had written are gone
+
+
+def test_out_of_memory_before_the_first_step_names_the_initialization(tmp_path):
+    """Raised by a real session; the guard's hook has no step yet (variables initializing)."""
+    with tf.Graph().as_default():
+        huge = tf.zeros([2**31, 2**31], name="init_huge")
+        with tf.compat.v1.Session() as session:
+            with pytest.raises(OutOfMemory) as e:
+                with guards.TrainingGuard(str(tmp_path)):
+                    session.run(tf.reduce_sum(huge))
+    assert str(e.value) == (
+        "out of memory before the first step (initializing the variables): the constant "
+        "'init_huge' of shape "
+        "[2147483648, 2147483648] could not be allocated (InvalidArgumentError: Cannot parse "
+        "tensor from proto); lower --batch_size or the model's size hparams (--set ...; "
+        "'estimator-dist list' shows them); no checkpoint was written; --verbose shows "
+        "TensorFlow's traceback")
+    assert e.value.exit_code == EXIT_INTERNAL

@@ -1,0 +1,117 @@
+"""Memory: variables that can never fit are refused before their session; a tensor
+TensorFlow could not allocate becomes one line naming it (guards.TrainingGuard)."""
+import os
+import re
+import resource
+from typing import Optional, Tuple
+
+import tensorflow as tf
+
+from estimator_dist.errors import OutOfMemory, UserError, op_error_line
+
+
+# A constant TensorFlow could not materialize: Grappler folds a large tf.ones/tf.zeros
+# initializer into a Const node holding one value, and the kernel that expands it reports
+# a failed allocation as InvalidArgumentError (measured: digits, --set filters=100000000).
+UNPARSED_CONSTANT = "Cannot parse tensor from proto"
+SHOWN_VARIABLES = 3  # largest variables named when they do not fit
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A TensorFlow allocation failure: ResourceExhaustedError ("OOM when allocating tensor"),
+    or a folded constant whose tensor could not be allocated."""
+    return isinstance(error, tf.errors.ResourceExhaustedError) or (
+        isinstance(error, tf.errors.InvalidArgumentError) and
+        UNPARSED_CONSTANT in (getattr(error, "message", None) or str(error)))
+
+
+def _failed_allocation(error: tf.errors.OpError) -> str:
+    """What could not be allocated, in one line: TensorFlow's OOM line, or for a folded
+    constant its node and shape (the message spreads them over many lines)."""
+    text = getattr(error, "message", None) or str(error)
+    if UNPARSED_CONSTANT not in text:
+        return f"{op_error_line(error)} ({type(error).__name__})"
+    shape = re.search(r"tensor_shape \{(.*?)\n\}", text.split(UNPARSED_CONSTANT, 1)[1], re.S)
+    dims = re.findall(r"size: (\d+)", shape.group(1)) if shape else []
+    node = re.search(r"\{\{node ([^}]+)\}\}", text)
+    named = f"'{node.group(1)}' " if node else ""
+    return (f"the constant {named}of shape [{', '.join(dims)}] could not be allocated "
+            f"({type(error).__name__}: {UNPARSED_CONSTANT})")
+
+
+def out_of_memory(error: tf.errors.OpError, step: Optional[int],
+                  latest: Optional[str]) -> OutOfMemory:
+    """One line for a tensor TensorFlow could not allocate: where (the variables' initialization
+    or restore, when no step has run, else the step), the tensor, and what makes it smaller.
+
+    step: the global step the session started from (GuardHook.step), None before it exists.
+    """
+    where = ("before the first step (initializing the variables)" if step is None
+             else f"at step {step + 1}")
+    return OutOfMemory(
+        f"out of memory {where}: {_failed_allocation(error)}; lower --batch_size or the "
+        f"model's size hparams (--set ...; 'estimator-dist list' shows them); "
+        f"{f'the latest checkpoint is {latest}' if latest else 'no checkpoint was written'}"
+        f"; --verbose shows TensorFlow's traceback")
+
+
+def memory_limit() -> Optional[Tuple[int, str]]:
+    """(bytes, what sets them): the most memory this process can ever hold, or None if unknown.
+
+    RAM plus swap (/proc/meminfo; else the physical pages), or the address-space limit
+    (ulimit -v) when that is lower. A total, not what is free now: what exceeds it can
+    never fit, whatever other processes give back.
+    """
+    limits = []
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        limits.append((soft, "the address-space limit (ulimit -v)"))
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            kib = dict(line.split(":", 1) for line in f)
+        total = sum(int(kib[key].split()[0]) * 1024 for key in ("MemTotal", "SwapTotal"))
+        limits.append((total, "this machine's memory (RAM and swap)"))
+    except (OSError, KeyError, ValueError):
+        try:
+            limits.append((os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
+                           "this machine's memory"))
+        except (ValueError, OSError, AttributeError):
+            pass
+    return min(limits) if limits else None
+
+
+def _size(n: float) -> str:
+    """Bytes in binary units: 1.5 TiB."""
+    unit = "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if n < 1024 or unit == "EiB":
+            break
+        n /= 1024
+    return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
+
+
+def check_variables_fit(variables, limit: Optional[Tuple[int, str]] = None):
+    """UserError, before the session that would initialize them, when the variables (the
+    model's, the optimizer's, local ones; one copy) alone need more bytes than `limit`
+    (default memory_limit()).
+
+    TensorFlow would try: it filled 10 GB of RAM in 30 s before failing with a misleading
+    error for digits --set filters=100000000 (variables of 1.5 TiB), and crashed with
+    a segmentation fault under ulimit -v (a std::bad_alloc in a session run; measured).
+    """
+    limit = limit or memory_limit()
+    if limit is None:
+        return
+    sizes = []
+    for v in variables:
+        count = v.shape.num_elements()
+        if count is not None:
+            sizes.append((count * v.dtype.base_dtype.size, v.op.name, v.shape.as_list()))
+    total = sum(size for size, _, _ in sizes)
+    if total <= limit[0]:
+        return
+    largest = ", ".join(f"'{name}' {shape} {_size(size)}" for size, name, shape in
+                        sorted(sizes, key=lambda s: -s[0])[:SHOWN_VARIABLES])
+    raise UserError(f"out of memory: the model's variables need {_size(total)} (the largest: "
+                    f"{largest}), more than {limit[1]}, {_size(limit[0])}; lower the model's "
+                    f"size hparams (--set ...; 'estimator-dist list' shows them)")

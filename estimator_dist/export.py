@@ -50,6 +50,54 @@ def check_serving_features(serving_features, where: str):
                             f"as 'float32'], {example}")
 
 
+def _spec_text(shape, dtype) -> str:
+    return f"[{list(shape)}, '{dtype}']"
+
+
+def _tensor_spec_text(value) -> str:
+    shape = value.shape if isinstance(value, tf.Tensor) else None
+    dims = "unknown" if shape is None or shape.rank is None else shape.as_list()[1:]
+    return f"[{dims}, '{value.dtype.base_dtype.name}']"
+
+
+def check_training_features(features, serving_features: Mapping[str, Any], input_name: str):
+    """UserError unless every serving feature is among the features the input yields in
+    training, with its dtype and static shape without the batch dimension (unknown dims
+    match anything): checked on the TRAIN graph's own feature tensors, so a disagreement
+    stops the run before its first step instead of exporting a SavedModel that fails in
+    predict.
+
+    Features the input yields beyond serving_features are allowed: a model_fn may read
+    some only in training (e.g. example weights).
+    """
+    fix = "make the input's prepare() serving_features match what its input_fn yields"
+    if not isinstance(features, dict):
+        if len(serving_features) != 1 or not hasattr(features, "dtype"):
+            raise UserError(f"input '{input_name}' yields features that are not a dict of named "
+                            f"tensors ({type(features).__name__}), but its serving_features name "
+                            f"{', '.join(map(repr, serving_features))}; {fix}")
+        features = {next(iter(serving_features)): features}
+    for name, (shape, dtype) in serving_features.items():
+        value = features.get(name)
+        if value is None:
+            yielded = ", ".join(map(repr, sorted(map(str, features)))) or "none"
+            raise UserError(f"serving feature {name!r} {_spec_text(shape, dtype)}: input "
+                            f"'{input_name}' does not yield it in training (it yields "
+                            f"{yielded}); a SavedModel exported from this run would not serve; "
+                            f"{fix}")
+        if not hasattr(value, "dtype"):
+            raise UserError(f"serving feature {name!r} {_spec_text(shape, dtype)}: input "
+                            f"'{input_name}' yields a {type(value).__name__} under that name, "
+                            f"not a tensor; {fix}")
+        shape_ok = not isinstance(value, tf.Tensor) or \
+            tf.TensorShape([None] + list(shape)).is_compatible_with(value.shape)
+        if value.dtype.base_dtype != tf.as_dtype(dtype) or not shape_ok:
+            raise UserError(f"feature {name!r}: input '{input_name}' yields "
+                            f"{_tensor_spec_text(value)} in training, its serving_features say "
+                            f"{_spec_text(shape, dtype)} (shape without batch, dtype); a "
+                            f"SavedModel exported from this run would not serve; {fix}")
+
+
 def metric_compare(metric: str, higher: bool):
     """compare_fn for BestExporter: is the current evaluation better on `metric`?
 

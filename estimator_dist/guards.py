@@ -2,8 +2,8 @@
 
 - before: `check_resume` (checkpoints.py) refuses a checkpoint that is damaged
   or does not match the model and repairs a broken state file, before anything
-  is written; GuardHook refuses, before the session that would initialize them,
-  variables that cannot fit in this machine's memory (memory.py);
+  is written (variables that cannot fit in this machine's memory are refused
+  while the TRAIN graph is built: runner.memory_checked, memory.py);
 - during: `TrainingGuard` adds GuardHook to the TrainSpec, turns SIGTERM into a
   final checkpoint (preemption.py), makes a failed checkpoint save an error
   (storage.py), never creates world-writable files;
@@ -32,13 +32,11 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
     Steps are counted from the restored global step, one per `runs_per_step`
     session runs (--accumulate_steps; see accumulate.AccumulateHook), so the step
     a failing run was computing is `step + 1` with no extra fetch per run.
-    check_memory: refuse variables that cannot fit in memory (memory.check_variables_fit).
     """
 
-    def __init__(self, model_dir: str, runs_per_step: int = 1, check_memory: bool = False):
+    def __init__(self, model_dir: str, runs_per_step: int = 1):
         self._model_dir = model_dir
         self._runs_per_step = max(1, runs_per_step)
-        self._check_memory = check_memory
         self.step: Optional[int] = None
         self.active = False
         self.stop_requested = False
@@ -46,9 +44,6 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
         self._saver = None
 
     def begin(self):
-        if self._check_memory:
-            memory.check_variables_fit(tf.compat.v1.global_variables() +
-                                tf.compat.v1.local_variables())
         self._global_step = tf.compat.v1.train.get_global_step()
         savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
         self._saver = savers[0] if savers else None
@@ -95,16 +90,14 @@ class TrainingGuard:
     statistics are all-reduced when read), so a chief saving by itself waits forever
     (measured): there, as on every other task, SIGTERM keeps its default, immediate
     exit. After a failure a task removes only the temp files of what it writes:
-    checkpoints (local, chief), exports (local, evaluator). Only a local run checks
-    that its variables fit in this machine's memory: in a cluster they may live on
-    parameter servers elsewhere.
+    checkpoints (local, chief), exports (local, evaluator).
     """
 
     def __init__(self, model_dir: str, runs_per_step: int = 1, role: str = "local",
                  chief_saves_alone: bool = True):
         self.model_dir = model_dir
         self.role = role
-        self.hook = GuardHook(model_dir, runs_per_step, check_memory=role == "local")
+        self.hook = GuardHook(model_dir, runs_per_step)
         self.handles_sigterm = role == "local" or (role == "chief" and chief_saves_alone)
 
     def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:

@@ -1,5 +1,6 @@
-"""Memory: variables that can never fit are refused before their session; a tensor
+"""Memory: variables that can never fit are refused while the TRAIN graph is built; a tensor
 TensorFlow could not allocate becomes one line naming it (guards.TrainingGuard)."""
+import contextlib
 import os
 import re
 import resource
@@ -90,10 +91,21 @@ def _size(n: float) -> str:
     return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
 
 
-def check_variables_fit(variables, limit: Optional[Tuple[int, str]] = None):
-    """UserError, before the session that would initialize them, when the variables (the
-    model's, the optimizer's, local ones; one copy) alone need more bytes than `limit`
-    (default memory_limit()).
+def _bytes(variable) -> int:
+    count = variable.shape.num_elements()
+    return 0 if count is None else count * variable.dtype.base_dtype.size
+
+
+def _name(variable) -> str:
+    return variable.name.rsplit(":", 1)[0]
+
+
+def check_variables_fit(variables, limit: Optional[Tuple[int, str]] = None,
+                        so_far: bool = False):
+    """UserError when the variables (the model's, the optimizer's, local ones; one copy)
+    alone need more bytes than `limit` (default memory_limit()).
+
+    so_far: `variables` are those created so far; the graph will hold more ("at least").
 
     TensorFlow would try: it filled 10 GB of RAM in 30 s before failing with a misleading
     error for digits --set filters=100000000 (variables of 1.5 TiB), and crashed with
@@ -102,16 +114,44 @@ def check_variables_fit(variables, limit: Optional[Tuple[int, str]] = None):
     limit = limit or memory_limit()
     if limit is None:
         return
-    sizes = []
-    for v in variables:
-        count = v.shape.num_elements()
-        if count is not None:
-            sizes.append((count * v.dtype.base_dtype.size, v.op.name, v.shape.as_list()))
+    sizes = [(_bytes(v), _name(v), v.shape.as_list()) for v in variables
+             if v.shape.num_elements() is not None]
     total = sum(size for size, _, _ in sizes)
     if total <= limit[0]:
         return
     largest = ", ".join(f"'{name}' {shape} {_size(size)}" for size, name, shape in
                         sorted(sizes, key=lambda s: -s[0])[:SHOWN_VARIABLES])
-    raise UserError(f"out of memory: the model's variables need {_size(total)} (the largest: "
-                    f"{largest}), more than {limit[1]}, {_size(limit[0])}; lower the model's "
-                    f"size hparams (--set ...; 'estimator-dist list' shows them)")
+    need = f"{'at least ' if so_far else ''}{_size(total)}"
+    raise UserError(f"out of memory: the model's variables need {need} (the largest: {largest}), "
+                    f"more than {limit[1]}, {_size(limit[0])}; lower the model's size hparams "
+                    f"(--set ...; 'estimator-dist list' shows them)")
+
+
+@contextlib.contextmanager
+def variables_checked(limit: Optional[Tuple[int, str]] = None):
+    """Around a TRAIN graph's model_fn: check_variables_fit as each variable is created, and
+    on the whole graph's variables (optimizer slots included) when it returns.
+
+    Before anything is sized by them: under mirrored strategies the optimizer packs every
+    gradient for its all-reduce with int32 sizes, and digits --set filters=100000000 failed
+    there with a ValueError traceback ("Split size ... must be >= 0"; measured) before any
+    session. Counted once per variable (a replica or tower reusing one adds nothing).
+    """
+    limit = limit or memory_limit()
+    created, seen, total = [], set(), [0]
+
+    def creator(next_creator, **kwargs):
+        variable = next_creator(**kwargs)
+        if id(variable) not in seen:
+            seen.add(id(variable))
+            created.append(variable)
+            total[0] += _bytes(variable)
+            if limit is not None and total[0] > limit[0]:
+                check_variables_fit(created, limit, so_far=True)
+        return variable
+
+    with tf.compat.v1.variable_creator_scope(creator):
+        yield
+    if limit is not None:
+        check_variables_fit(tf.compat.v1.global_variables() + tf.compat.v1.local_variables(),
+                            limit)

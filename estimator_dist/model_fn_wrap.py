@@ -19,12 +19,18 @@ def around(model_fn, call: Callable):
 
     mode: the call's mode, or None for a model_fn that does not take one.
     """
+    return around_arguments(model_fn, lambda arguments, build: call(arguments.get("mode"), build))
+
+
+def around_arguments(model_fn, call: Callable):
+    """Like `around`, but `call(arguments, build)` gets the call's arguments by name
+    (features, labels, mode, ...: those the model_fn takes)."""
     signature = inspect.signature(model_fn)
 
     @functools.wraps(model_fn)
     def wrapper(*args, **kwargs):
-        mode = signature.bind_partial(*args, **kwargs).arguments.get("mode")
-        return call(mode, lambda: model_fn(*args, **kwargs))
+        arguments = signature.bind_partial(*args, **kwargs).arguments
+        return call(arguments, lambda: model_fn(*args, **kwargs))
 
     wrapper.__signature__ = signature
     return wrapper

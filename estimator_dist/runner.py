@@ -30,6 +30,7 @@ from estimator_dist import files
 from estimator_dist import guards
 from estimator_dist import horovod as hvd_lib
 from estimator_dist import horovod_train
+from estimator_dist import memory
 from estimator_dist import model_fn_wrap
 from estimator_dist import numerics
 from estimator_dist import precision
@@ -278,7 +279,8 @@ def build_model_fn(p: Plan):
     Outermost, --mixed_precision: the whole graph build runs under its Keras policy.
     """
     d = p.config.distribute
-    model_fn = seeded(p.model.fn, p.config.train.seed)
+    model_fn = serving_checked(seeded(p.model.fn, p.config.train.seed),
+                               p.input_meta["serving_features"], p.input.name)
     if d.strategy == "horovod":
         model_fn = horovod_train.wrap_model_fn(model_fn, p.model.name)
     elif d.strategy == "tower" or d.accumulate_steps > 1:
@@ -288,8 +290,41 @@ def build_model_fn(p: Plan):
             variable_device=strategies.variable_device(d.strategy, d.variable_device, p.devices),
             accumulate_steps=d.accumulate_steps)
     model_fn = ordered_checks(model_fn, checks_after_last_gradient(p))
+    model_fn = memory_checked(model_fn, p.role == "local")
     model_fn = precision.wrap_model_fn(model_fn, p.config.compute.mixed_precision, p.model.name)
     return reported_build_errors(model_fn, p.model.name)
+
+
+def serving_checked(model_fn, serving_features, input_name: str):
+    """A TRAIN graph's features must be what the input's serving_features promise
+    (export.check_training_features): refused before the first step, not in predict.
+
+    Innermost: it sees exactly what the model_fn is given (a replica's, a tower's slice).
+    """
+    def call(arguments, build):
+        if arguments.get("mode") == model_fn_wrap.TRAIN:
+            export_lib.check_training_features(arguments.get("features"), serving_features,
+                                               input_name)
+        return build()
+
+    return model_fn_wrap.around_arguments(model_fn, call)
+
+
+def memory_checked(model_fn, enabled: bool):
+    """Refuse a TRAIN graph whose variables cannot fit in memory (memory.variables_checked).
+
+    Only a local run: in a cluster they may live on parameter servers elsewhere.
+    """
+    if not enabled:
+        return model_fn
+
+    def call(mode, build):
+        if mode != model_fn_wrap.TRAIN:
+            return build()
+        with memory.variables_checked():
+            return build()
+
+    return model_fn_wrap.around(model_fn, call)
 
 
 def checks_after_last_gradient(p: Plan) -> bool:

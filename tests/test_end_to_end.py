@@ -141,3 +141,43 @@ def test_cli_evaluate_named_checkpoint(trained_digits, capsys):
     assert main(["evaluate", "--model_dir", str(model_dir), "--checkpoint", str(model_dir)]) == 2
     assert capsys.readouterr().err.endswith(f"--checkpoint {model_dir}: is a directory; name one "
                                             f"checkpoint, e.g. {model_dir / 'model.ckpt-60'}\n")
+
+
+SERVING_FIX = "make the input's prepare() serving_features match what its input_fn yields"
+SERVING_MISMATCH = ("estimator-dist: error: feature 'x': input 'serving_xy' yields "
+                    "[[6], 'float32'] in training, its serving_features say {} (shape without "
+                    "batch, dtype); a SavedModel exported from this run would not serve; "
+                    + SERVING_FIX)
+
+
+def train_serving(model_dir, serving, strategy="none", n=1):
+    """cli.main train of tests/serving_models.py: (exit code) with serving_features `serving`."""
+    return main(["train", "--import", "serving_models", "--model", "serving_mlp",
+                 "--set", f"serving={serving}", "--strategy", strategy, "--num_devices", str(n),
+                 "--batch_size", "16", "--model_dir", str(model_dir)])
+
+
+@pytest.mark.parametrize("serving,strategy,n,message", [
+    ("shape", "none", 1, SERVING_MISMATCH.format("[[5], 'float32']")),
+    ("dtype", "mirrored", 2, SERVING_MISMATCH.format("[[6], 'int32']")),
+    ("rank", "tower", 2, SERVING_MISMATCH.format("[[6, 1], 'float32']")),
+    ("name", "none", 1, "estimator-dist: error: serving feature 'z' [[6], 'float32']: input "
+                        "'serving_xy' does not yield it in training (it yields 'weight', 'x'); a "
+                        "SavedModel exported from this run would not serve; " + SERVING_FIX),
+])
+def test_serving_features_that_disagree_with_the_input_are_refused_before_training(
+        serving, strategy, n, message, tmp_path, capsys):
+    """Checked on the TRAIN graph's features (a replica's, a tower's slice). It trained and
+    exported a SavedModel that failed in predict ([5]), or failed at the export after
+    training (int32, 'z'), leaving checkpoints."""
+    assert train_serving(tmp_path / "run", serving, strategy, n) == 2
+    assert capsys.readouterr().err.strip() == message
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("serving", ["ok", "unknown"])
+def test_training_only_features_and_unknown_serving_dims_pass_the_check(serving, tmp_path):
+    """'weight' is yielded but not served (a model may read it only in training); a None dim
+    in serving_features matches the input's 6."""
+    assert train_serving(tmp_path / "run", serving) == 0
+    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("model.ckpt-2")

@@ -8,10 +8,14 @@ from estimator_dist import errors
 from estimator_dist import files
 
 
-def model_dir_arg(fix: str):
-    """argparse type of a --model_dir flag: an explicit empty value ('--model_dir ""',
-    '--model_dir=') is refused, not silently taken for the default (train's runs/MODEL) or
-    for the current directory (evaluate, export, report)."""
+def nonempty_arg(fix: str):
+    """argparse type of a flag for which an empty value would silently mean "not given": an
+    explicit empty value ('--flag ""', '--flag=') is refused with `fix`, not taken for the
+    default (train's runs/MODEL, the input's data, stdout, ...) or the current directory.
+
+    Only the command line is checked: a config file (and the config.yaml a run saves) keeps
+    '' for a setting it leaves unset.
+    """
     def parse(text: str) -> str:
         if not text:
             raise argparse.ArgumentTypeError(f"'' is empty; {fix}")
@@ -20,38 +24,50 @@ def model_dir_arg(fix: str):
     return parse
 
 
-TRAIN_MODEL_DIR = model_dir_arg("give a directory, or leave the flag out for the default "
-                                "runs/MODEL")
-READ_MODEL_DIR = model_dir_arg("give the model_dir a train run wrote (e.g. runs/digits)")
+def _or_leave_out(what: str, default: str):
+    return nonempty_arg(f"give {what}, or leave the flag out for {default}")
+
+
+TRAIN_MODEL_DIR = _or_leave_out("a directory", "the default runs/MODEL")
+READ_MODEL_DIR = nonempty_arg("give the model_dir a train run wrote (e.g. runs/digits)")
+CHECKPOINT = _or_leave_out("a checkpoint path or model.ckpt-N", "the latest")
 
 TRAIN_FLAGS = {
-    # flag: (type, help)
-    "input": (str, "registered input (default: the model's own)"),
-    "data_dir": (str, "directory with the input's data files"),
-    "data_path": (str, "a data file, e.g. the CSV for --model tabular"),
-    "label_column": (str, "the label column of --data_path"),
+    # flag: (type, help); a str flag's type refuses '' (nonempty_arg), which meant "not given"
+    "input": (_or_leave_out("a registered input (see 'estimator-dist list')", "the model's own"),
+              "registered input (default: the model's own)"),
+    "data_dir": (_or_leave_out("a directory", "the input's default"),
+                 "directory with the input's data files"),
+    "data_path": (_or_leave_out("a data file", "the input's default data"),
+                  "a data file, e.g. the CSV for --model tabular"),
+    "label_column": (_or_leave_out("a column of --data_path", "the input's default"),
+                     "the label column of --data_path"),
     "synthetic": (bool, "use generated in-memory data of the right shapes"),
-    "reader_nice": (int, "0-19: nice value of the input pipeline's threads, which run under "
-                         "SCHED_BATCH (Linux; built-in cifar input), so that on a CPU the "
-                         "reader uses cores the training step leaves idle; 0 = the step's "
-                         "priority (default 19)"),
-    "strategy": (str, "none | one_device | mirrored | central_storage | tower | "
-                      "multi_worker_mirrored | parameter_server | horovod (default none); tower: "
-                      "one model replica per device over one set of variables, any batch size; "
-                      "multi_worker_mirrored and parameter_server need TF_CONFIG, horovod a "
-                      "Horovod launch (see 'cluster'; without one it runs as 1 rank)"),
+    "reader_nice": (int, "0-19: nice value of the input's reader threads, which run under "
+                         "SCHED_BATCH (Linux), so that on a CPU the reader uses cores the "
+                         "training step leaves idle; 0 = the step's priority (default 19). Only "
+                         "an input with reader threads reads it (built-in: cifar); others "
+                         "refuse it"),
+    "strategy": (_or_leave_out("a strategy such as mirrored", "none"),
+                 "none | one_device | mirrored | central_storage | tower | "
+                 "multi_worker_mirrored | parameter_server | horovod (default none); tower: "
+                 "one model replica per device over one set of variables, any batch size; "
+                 "multi_worker_mirrored and parameter_server need TF_CONFIG, horovod a "
+                 "Horovod launch (see 'cluster'; without one it runs as 1 rank)"),
     "num_devices": (int, "devices to use: 0 = auto (all GPUs, else 1 CPU); on a CPU-only "
                          "machine N logical CPU devices"),
-    "variable_device": (str, "tower only: where the one set of variables lives, cpu | device0 "
-                             "(default cpu)"),
+    "variable_device": (_or_leave_out("cpu or device0", "cpu"),
+                        "tower only: where the one set of variables lives, cpu | device0 "
+                        "(default cpu)"),
     "accumulate_steps": (int, "K: apply one update every K batches, equal to one step on a K "
                               "times larger batch (none, one_device, mirrored, tower; default 1). "
                               "The global step counts updates: --train_steps N reads N x K "
                               "batches; LR schedules and checkpoints are in updates"),
     "scale_lr": (bool, "multiply the learning rate by the number of replicas (all workers)"),
     "jit": (bool, "compile the model's graph with XLA (global_jit_level ON_1; CPU and GPU)"),
-    "mixed_precision": (str, "none | bfloat16: Keras layers of the model_fn compute in "
-                             "bfloat16, variables and the loss stay float32 (default none)"),
+    "mixed_precision": (_or_leave_out("none or bfloat16", "none"),
+                        "none | bfloat16: Keras layers of the model_fn compute in "
+                        "bfloat16, variables and the loss stay float32 (default none)"),
     "batch_size": (int, "GLOBAL batch per step (per micro-batch with --accumulate_steps); each "
                         "of R replicas gets batch_size / R; tower splits any size over its towers"),
     "train_steps": (int, "global step to train to (optimizer updates)"),
@@ -60,25 +76,32 @@ TRAIN_FLAGS = {
     "save_checkpoints_steps": (int, "steps between checkpoints (default 500 or the model's)"),
     "keep_checkpoint_max": (int, "checkpoints (and latest/best exports) to keep"),
     "seed": (int, "graph-level random seed (default: none)"),
-    "export": (str, "latest | best | final | none (default final)"),
-    "best_metric": (str, "with --export best: the eval metric to keep the best of (default loss)"),
+    "export": (_or_leave_out("latest, best, final or none", "final"),
+               "latest | best | final | none (default final)"),
+    "best_metric": (_or_leave_out("an eval metric such as accuracy", "loss"),
+                    "with --export best: the eval metric to keep the best of (default loss)"),
     "higher_is_better": (bool, "larger --best_metric / --early_stop values are better (implied "
                                "for accuracy, auc, precision, recall)"),
     "eval_every_secs": (int, "evaluate (and checkpoint) every N seconds instead of by steps"),
-    "early_stop": (str, "stop when this eval metric stops improving (e.g. loss, accuracy)"),
+    "early_stop": (_or_leave_out("an eval metric such as loss", "no early stop"),
+                   "stop when this eval metric stops improving (e.g. loss, accuracy)"),
     "patience": (int, "with --early_stop: evaluations without improvement before stopping "
                       "(default 3)"),
     "min_delta": (float, "with --early_stop: smallest change that counts as improvement"),
-    "warm_start_from": (str, "initialise from this checkpoint or model_dir (new runs only)"),
-    "warm_start_vars": (str, "regex of the variables to warm-start (default all)"),
+    "warm_start_from": (_or_leave_out("a checkpoint or model_dir", "a cold start"),
+                        "initialise from this checkpoint or model_dir (new runs only)"),
+    "warm_start_vars": (_or_leave_out("a regex such as 'digits_cnn/conv.*'", "all variables"),
+                        "regex of the variables to warm-start (default all)"),
     "model_dir": (TRAIN_MODEL_DIR, "where checkpoints, events, config and exports go (default "
                                    "runs/MODEL)"),
-    "summary_json": (str, "write final metrics, global step, exports, examples/sec here"),
+    "summary_json": (_or_leave_out("a file path", "no summary file"),
+                     "write final metrics, global step, exports, examples/sec here"),
 }
 
 
 def _add_common(p):
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   type=nonempty_arg("give a module name such as my_project.models"),
                    help="import a module that registers more models/inputs (repeatable)")
     _add_verbose(p)
 
@@ -88,8 +111,10 @@ def _add_verbose(p):
 
 
 def _add_train_flags(p):
-    p.add_argument("--model", default=None, help="registered model (default digits)")
-    p.add_argument("--config", default=None, metavar="YAML", help="a run config file")
+    p.add_argument("--model", default=None, help="registered model (default digits)",
+                   type=_or_leave_out("a registered model (see 'estimator-dist list')", "digits"))
+    p.add_argument("--config", default=None, metavar="YAML", help="a run config file",
+                   type=_or_leave_out("a YAML file", "none"))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model hparam (repeatable); unknown keys fail")
     for name, (kind, text) in TRAIN_FLAGS.items():
@@ -140,20 +165,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("evaluate", help="evaluate a model_dir's checkpoint on its eval data")
     ev.add_argument("--model_dir", required=True, type=READ_MODEL_DIR)
-    ev.add_argument("--checkpoint", default="", help="a checkpoint path or model.ckpt-N (default latest)")
+    ev.add_argument("--checkpoint", type=CHECKPOINT, help="a checkpoint path or model.ckpt-N (default latest)")
     ev.add_argument("--eval_steps", type=int, default=None, help="batches (default: as trained)")
     _add_common(ev)
 
     ex = sub.add_parser("export", help="export a SavedModel from a model_dir's checkpoint, on CPU")
     ex.add_argument("--model_dir", required=True, type=READ_MODEL_DIR)
-    ex.add_argument("--checkpoint", default="", help="a checkpoint path or model.ckpt-N (default latest)")
-    ex.add_argument("--export_dir", default="", help="base directory (default MODEL_DIR/export/manual)")
+    ex.add_argument("--checkpoint", type=CHECKPOINT, help="a checkpoint path or model.ckpt-N (default latest)")
+    ex.add_argument("--export_dir", help="base directory (default MODEL_DIR/export/manual)",
+                    type=_or_leave_out("a directory", "MODEL_DIR/export/manual"))
     _add_common(ex)
 
     pr = sub.add_parser("predict", help="run a SavedModel on a CSV or .npy file, write a CSV")
-    pr.add_argument("--saved_model", required=True, help="a SavedModel directory (or a model_dir: its newest export)")
-    pr.add_argument("--input", required=True, dest="input_path", help="a .csv (columns = features) or .npy (one feature)")
-    pr.add_argument("--output", default="", help="CSV to write (default: stdout)")
+    pr.add_argument("--saved_model", required=True,
+                    type=nonempty_arg("give a SavedModel directory or a model_dir"),
+                    help="a SavedModel directory (or a model_dir: its newest export)")
+    pr.add_argument("--input", required=True, dest="input_path",
+                    type=nonempty_arg("give a .csv or .npy file"),
+                    help="a .csv (columns = features) or .npy (one feature)")
+    pr.add_argument("--output", help="CSV to write (default: stdout)",
+                    type=_or_leave_out("a file path", "stdout"))
     pr.add_argument("--batch_size", type=int, default=256)
     _add_common(pr)
 
@@ -176,27 +207,35 @@ def build_parser() -> argparse.ArgumentParser:
     tj.add_argument("--image", required=True, help="container image with estimator-dist installed")
     tj.add_argument("--name", default="estimator-dist", help="TFJob name (DNS label)")
     tj.add_argument("--namespace", default="default")
-    tj.add_argument("--pvc", default="", help="PersistentVolumeClaim mounted on every replica")
+    tj.add_argument("--pvc", help="PersistentVolumeClaim mounted on every replica",
+                    type=_or_leave_out("a PersistentVolumeClaim name", "no volume"))
     tj.add_argument("--mount_path", default="/mnt/estimator-dist",
+                    type=_or_leave_out("an absolute path", "/mnt/estimator-dist"),
                     help="where --pvc is mounted (default /mnt/estimator-dist)")
-    tj.add_argument("--output", default="", help="file to write (default: stdout)")
+    tj.add_argument("--output", help="file to write (default: stdout)",
+                    type=_or_leave_out("a file path", "stdout"))
 
     rp = sub.add_parser("report", help="a model_dir's event files as a CSV, a PNG plot and a summary")
     rp.add_argument("--model_dir", required=True, type=READ_MODEL_DIR)
-    rp.add_argument("--output_dir", default="", help="where report.csv/.png go (default MODEL_DIR/report)")
+    rp.add_argument("--output_dir", help="where report.csv/.png go (default MODEL_DIR/report)",
+                    type=_or_leave_out("a directory", "MODEL_DIR/report"))
     _add_common(rp)
 
     bn = sub.add_parser("bench", help="examples/sec, start-up time and memory of every strategy, "
                                       "a plain Estimator and Keras fit, side by side in one run")
     bn.add_argument("--output_dir", default="runs/bench",
+                    type=_or_leave_out("a directory", "runs/bench"),
                     help="where bench.csv, targets.csv, bench.png go (default runs/bench)")
     bn.add_argument("--quick", action="store_true",
                     help="tiny sizes: checks that the command works, not its numbers")
     bn.add_argument("--rounds", type=int, default=None,
                     help="times every case runs, order reversed each round; medians are "
                          "reported (default 1)")
-    bn.add_argument("--models", default="", help="comma-separated: cifar, mlp (default both)")
-    bn.add_argument("--cases", default="", help="run only the cases whose name contains one of "
+    bn.add_argument("--models", type=_or_leave_out("cifar, mlp or cifar,mlp", "both"),
+                    help="comma-separated: cifar, mlp (default both)")
+    bn.add_argument("--cases", type=_or_leave_out("comma-separated texts of case names",
+                                                  "every case"),
+                    help="run only the cases whose name contains one of "
                                                 "these comma-separated texts, e.g. 'project none'")
     bn.add_argument("--case_timeout", type=float, default=None,
                     help="seconds one case may take (default 300)")

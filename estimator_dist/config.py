@@ -21,6 +21,9 @@ EXPORT_MODES = ("latest", "best", "final", "none")
 VARIABLE_DEVICES = ("cpu", "device0")
 MIXED_PRECISION = ("none", "bfloat16")
 MAX_READER_NICE = 19
+# DataConfig.reader_nice when the run does not set it: an input with reader threads uses
+# reader_priority.DEFAULT_NICE (19); one without them refuses only a value that was given.
+NO_READER_NICE = -1
 # TensorFlow reduces a graph-level seed modulo 2**31 - 1 (random_seed._truncate_seed), so a
 # larger one would silently alias a smaller one; -1 is TrainConfig's "no seed".
 MAX_SEED = 2**31 - 2
@@ -37,7 +40,7 @@ class DataConfig:
     data_path: str = ""
     label_column: str = ""
     synthetic: bool = False
-    reader_nice: int = 19  # reader_priority.DEFAULT_NICE
+    reader_nice: int = NO_READER_NICE  # not given: reader_priority.DEFAULT_NICE
 
 
 @dataclass(frozen=True)
@@ -287,6 +290,9 @@ def build_config(model: str, file_data: Mapping[str, Any], flags: Mapping[str, A
     given_seed = flags.get("seed")
     if given_seed is not None and given_seed < 0:
         raise _seed_error(given_seed)
+    given_nice = flags.get("reader_nice")
+    if given_nice is not None and given_nice < 0:  # -1 would read as "not given"
+        raise _reader_nice_error(given_nice)
     for key, value in flags.items():
         if value is not None:
             sections[section_of[key]][key] = value
@@ -315,6 +321,11 @@ def check_top_level(file_data: Mapping[str, Any], where="config file"):
                                     all(isinstance(m, str) for m in imports)):
         raise UserError(f"{where}: 'imports: {imports!r}' must be a list of module names, e.g. "
                         f"'imports: [my_models]'")
+
+
+def _reader_nice_error(nice) -> UserError:
+    return UserError(f"--reader_nice {nice}: must be 0-{MAX_READER_NICE} (0 keeps the input "
+                     f"pipeline at the training step's priority)")
 
 
 def _seed_error(seed) -> UserError:
@@ -357,9 +368,9 @@ def validate(config: Config):
     if d.accumulate_steps < 1:
         raise UserError(f"--accumulate_steps {d.accumulate_steps}: must be >= 1 "
                         f"(1 = apply every batch)")
-    if not 0 <= config.data.reader_nice <= MAX_READER_NICE:
-        raise UserError(f"--reader_nice {config.data.reader_nice}: must be 0-{MAX_READER_NICE} "
-                        f"(0 keeps the input pipeline at the training step's priority)")
+    nice = config.data.reader_nice
+    if nice != NO_READER_NICE and not 0 <= nice <= MAX_READER_NICE:
+        raise _reader_nice_error(nice)
     if config.compute.mixed_precision not in MIXED_PRECISION:
         raise UserError(f"--mixed_precision {config.compute.mixed_precision}: must be "
                         f"{' or '.join(MIXED_PRECISION)}")
@@ -414,12 +425,17 @@ def _refuse_ignored(config: Config):
 
 def without_ignored(config: Config) -> Config:
     """config with the settings nothing reads reset to their defaults (a run saved before
-    they were refused, re-resolved for evaluate/export)."""
+    they were refused, re-resolved for evaluate/export).
+
+    reader_nice too: only training's reader threads read it, and a run saved before inputs
+    without a reader refused it holds 19 there, which would now read as given.
+    """
     for section, name, _, _, _ in list(_ignored(config)):
         part = dataclasses.replace(getattr(config, section),
                                    **{name: getattr(SECTIONS[section], name)})
         config = dataclasses.replace(config, **{section: part})
-    return config
+    return dataclasses.replace(
+        config, data=dataclasses.replace(config.data, reader_nice=NO_READER_NICE))
 
 
 # Metrics where larger is better even without --higher_is_better.

@@ -23,7 +23,13 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-DEFAULT_NICE = 19  # config.DataConfig.reader_nice
+DEFAULT_NICE = 19  # --reader_nice not given (config.NO_READER_NICE in params)
+
+
+def nice_value(nice) -> int:
+    """The nice value to use for a run's params["reader_nice"]: DEFAULT_NICE when the run did
+    not set it (-1, or None / missing), else the value given (0-19)."""
+    return DEFAULT_NICE if nice is None or nice < 0 else int(nice)
 
 
 def supported() -> bool:
@@ -34,12 +40,13 @@ def supported() -> bool:
 
 def lower_this_thread(nice: int):
     """Put the calling thread under SCHED_BATCH at nice value `nice` (Linux; elsewhere, or
-    at 0, nothing).
+    at 0, nothing; below 0, not given: DEFAULT_NICE).
 
     For a function that already runs in the reader's threads, e.g. a tf.numpy_function
     of a Dataset.map: cheaper than wrapping it with `lowered`.
     """
-    if nice <= 0 or not supported():
+    nice = nice_value(nice)
+    if nice == 0 or not supported():
         return
     # Asked every time (two cheap syscalls), not remembered per thread id: Linux reuses
     # the ids of threads that have ended.
@@ -62,9 +69,10 @@ def lowered(fn, nice: int):
     """`fn` for Dataset.map that first lowers its thread's priority (lower_this_thread).
 
     Costs one small Python call per element: map whole batches, not single examples.
-    With nice 0, or off Linux, `fn` itself.
+    With nice 0, or off Linux, `fn` itself; below 0 (not given), DEFAULT_NICE.
     """
-    if nice <= 0 or not supported():
+    nice = nice_value(nice)
+    if nice == 0 or not supported():
         return fn
 
     def renice_then(*args):

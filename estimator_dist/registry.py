@@ -9,15 +9,19 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from estimator_dist.config import NO_READER_NICE
 from estimator_dist.errors import UserError
 
 # Estimator passes these by name; a model_fn may take any subset that includes features and
 # params (the runner always hands over params: Estimator refuses a model_fn without them).
 MODEL_FN_ARGS = ("features", "labels", "mode", "params", "config")
 INPUT_FN_ARGS = ("mode", "params", "input_context")
-# Run settings an input may read (params of the same names); with data_flags declared at
-# registration, a run that sets one the input does not read is refused.
-DATA_FLAGS = ("data_dir", "data_path", "label_column", "synthetic")
+# Run settings an input may read (params of the same names), each with its value when the
+# run does not set it; with data_flags declared at registration, a run that sets one the
+# input does not read is refused. reader_nice: the input has reader threads that take it
+# (reader_priority.py); 0 is a value given, unlike '' and False.
+DATA_FLAGS = {"data_dir": "", "data_path": "", "label_column": "", "synthetic": False,
+              "reader_nice": NO_READER_NICE}
 
 
 def snake_case(name: str) -> str:
@@ -128,8 +132,12 @@ def register_input(name=None, prepare=None, data_flags=None):
         exists (raise UserError if not) and returns extra params, which must include
         `serving_features`: {feature name: (shape without batch, dtype name)}.
       data_flags: which of DATA_FLAGS (--data_dir, --data_path, --label_column,
-        --synthetic) the input reads; a run setting another is refused instead of
-        silently ignored. None (the default): not declared, not checked.
+        --synthetic, --reader_nice) the input reads, e.g. ("data_dir", "synthetic"); a run
+        setting another is refused instead of silently ignored. Name "reader_nice" only if
+        the input runs reader threads that take params["reader_nice"] (-1 when not given:
+        pass it to reader_priority.lowered / lower_this_thread, which use 19 then); an input
+        without them leaves it out, and an explicit --reader_nice (0 too) is refused. None
+        (the default): not declared, not checked.
     """
     if data_flags is not None:
         unknown = [f for f in data_flags if f not in DATA_FLAGS]
@@ -147,7 +155,7 @@ def check_data_flags(entry: Entry, settings: Mapping[str, Any]):
         return
     for flag in DATA_FLAGS:
         value = settings.get(flag)
-        if not value or flag in entry.data_flags:
+        if value is None or value == DATA_FLAGS[flag] or flag in entry.data_flags:
             continue
         readers = [n for n in INPUTS.names() if flag in (INPUTS.get(n).data_flags or ())]
         reads = ("it reads only " + ", ".join(f"--{f}" for f in entry.data_flags)

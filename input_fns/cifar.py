@@ -312,7 +312,7 @@ def synthetic_arrays(count):
     return np.rint(np.clip(images, 0.0, 255.0)).astype(np.uint8), labels
 
 
-@register_input("cifar", prepare=prepare, data_flags=("data_dir", "synthetic"))
+@register_input("cifar", prepare=prepare, data_flags=("data_dir", "synthetic", "reader_nice"))
 def cifar_input(mode, params, input_context=None):
     """CIFAR-10 as ({"image": float32 [B,32,32,3]}, int32 [B]); batch_size is per pipeline.
 
@@ -348,7 +348,7 @@ def training_batches(params, batch_size, input_context=None) -> tf.data.Dataset:
     seed = params.get("seed")
     seed = random.SystemRandom().randrange(1 << 31) if seed is None else int(seed)
     batches = cifar_split.Batches(split, batch_size, seed,
-                                  int(params.get("reader_nice", reader_priority.DEFAULT_NICE)))
+                                  reader_priority.nice_value(params.get("reader_nice")))
 
     def batch(k):
         images, labels = tf.numpy_function(batches, [k], (tf.float32, tf.int32), stateful=False)

@@ -59,6 +59,15 @@ BAD = [
                                "only --synthetic); drop it, or use --input tabular"),
     (["--label_column", "y"], "--label_column 'y': input 'digits' does not read it"),
     (["--data_dir", "/data"], "--data_dir '/data': input 'digits' does not read it"),
+    # --reader_nice was accepted, and ignored, by inputs that have no reader threads.
+    (["--reader_nice", "5"], "--reader_nice 5: input 'digits' does not read it (it reads only "
+                             "--synthetic); drop it, or use --input cifar"),
+    (["--reader_nice", "0"], "--reader_nice 0: input 'digits' does not read it (it reads only "
+                             "--synthetic); drop it, or use --input cifar"),
+    (["--model", "tabular", "--reader_nice", "19"],
+     "--reader_nice 19: input 'tabular' does not read it (it reads only --data_dir, --data_path, "
+     "--label_column, --synthetic); drop it, or use --input cifar"),
+    (["--reader_nice", "-1"], "--reader_nice -1: must be 0-19"),  # -1 would read as not given
 ]
 
 
@@ -78,6 +87,48 @@ def test_unknown_config_key_in_file(tmp_path, capsys):
     code, _, err = run_main(["train", "--config", str(cfg), "--model_dir", str(tmp_path / "r")], capsys)
     assert code == 2 and "the key 'batch_sise' does not exist in config file section 'train'" in err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("text", ["data: {reader_nice: 0}\n", "data: {reader_nice: 7}\n"])
+def test_reader_nice_in_a_config_file_is_refused_by_an_input_without_a_reader(text, tmp_path,
+                                                                              capsys):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(text)
+    code, _, err = run_main(["train", "--config", str(cfg), "--model_dir", str(tmp_path / "r")],
+                            capsys)
+    nice = text.split(": ")[-1].rstrip("}\n")
+    assert code == 2
+    assert err == (f"estimator-dist: error: --reader_nice {nice}: input 'digits' does not read it "
+                   f"(it reads only --synthetic); drop it, or use --input cifar\n")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    [],  # digits: no reader, --reader_nice not given
+    ["--model", "tabular"],
+    ["--model", "cifar", "--synthetic"],  # the default 19
+    ["--model", "cifar", "--synthetic", "--reader_nice", "0"],  # what bench passes
+    ["--model", "cifar", "--reader_nice", "19"],
+])
+def test_reader_nice_left_out_or_given_to_cifar_is_accepted(argv, tmp_path, capsys):
+    """tfjob resolves and checks the whole train config (what every pod would refuse) without
+    training: here it must pass."""
+    code, out, err = run_main(["tfjob", "--image", "img", "--output", str(tmp_path / "job.yaml"),
+                               "--model_dir", str(tmp_path / "r")] + argv, capsys)
+    assert (code, err) == (0, ""), err
+    assert "wrote TFJob" in out
+
+
+def test_a_config_file_keeps_empty_strings_for_unset_values(tmp_path, capsys):
+    """Only the command line refuses an empty value: a run's config.yaml holds '' for what
+    it left unset, and the config files written from it do too."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model: digits\ndata: {input: '', data_dir: '', data_path: '', "
+                   "label_column: '', reader_nice: -1}\ntrain: {summary_json: '', "
+                   "warm_start_from: '', early_stop: '', model_dir: ''}\n")
+    code, out, err = run_main(["tfjob", "--image", "img", "--config", str(cfg), "--output",
+                               str(tmp_path / "job.yaml")], capsys)
+    assert (code, err) == (0, ""), err
 
 
 @pytest.mark.parametrize("command", ["evaluate", "export"])

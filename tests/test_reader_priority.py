@@ -55,3 +55,27 @@ def test_the_map_runs_on_reniced_threads_and_the_caller_keeps_its_priority():
 def test_nice_zero_leaves_the_function_alone():
     fn = lambda x: x  # noqa: E731
     assert reader_priority.lowered(fn, 0) is fn
+
+
+def test_not_given_means_the_default_and_zero_means_zero():
+    assert [reader_priority.nice_value(n) for n in (-1, None, 0, 7, 19)] == [19, 19, 0, 7, 19]
+
+
+@pytest.mark.parametrize("given,expected", [(-1, {19}), (7, {7}), (0, set())])
+def test_cifar_synthetic_runs_its_reader_threads_at_the_run_s_reader_nice(given, expected):
+    """--synthetic too: its training batches come from the same NumPy reader (cifar_split);
+    -1 is what a run that leaves --reader_nice out hands the input."""
+    from estimator_dist import runner
+    from input_fns import cifar
+
+    runner.load_builtins()
+    params = {"batch_size": 16, "synthetic": True, "seed": 1, "data_dir": "",
+              "reader_nice": given}
+    params.update(cifar.prepare(params))
+    before = set(thread_nices())
+    iterator = iter(cifar.cifar_input(tf.estimator.ModeKeys.TRAIN, params))
+    for _ in range(4):
+        next(iterator)
+    new = {tid: nice for tid, nice in thread_nices().items() if tid not in before}
+    assert {nice for nice in new.values() if nice} == expected
+    assert thread_nices()[threading.get_native_id()] == 0

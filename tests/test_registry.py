@@ -85,14 +85,15 @@ def test_declared_data_flags_refuse_what_the_input_does_not_read(monkeypatch):
     registry.register_input("undeclared")(lambda mode, params: None)
     reads_dir, reads_none, undeclared = (registry.INPUTS.get(n) for n in
                                          ("reads_dir", "reads_none", "undeclared"))
-    settings = {"data_dir": "/d", "data_path": "", "label_column": "", "synthetic": False}
+    settings = {"data_dir": "/d", "data_path": "", "label_column": "", "synthetic": False,
+                "reader_nice": -1}
     check_data_flags(reads_dir, settings)
     check_data_flags(undeclared, dict(settings, data_path="x.csv", synthetic=True))
     with pytest.raises(UserError) as e:
         check_data_flags(reads_none, settings)
     assert str(e.value) == ("--data_dir '/d': input 'reads_none' does not read it (it reads none "
-                            "of --data_dir, --data_path, --label_column, --synthetic); drop it, "
-                            "or use --input reads_dir")
+                            "of --data_dir, --data_path, --label_column, --synthetic, "
+                            "--reader_nice); drop it, or use --input reads_dir")
     with pytest.raises(UserError) as e:
         check_data_flags(reads_dir, dict(settings, synthetic=True))
     assert str(e.value) == ("--synthetic: input 'reads_dir' does not read it (it reads only "
@@ -107,5 +108,25 @@ def test_data_flags_must_name_data_flags(flags):
 
 def test_builtin_inputs_declare_what_they_read():
     assert {n: INPUTS.get(n).data_flags for n in ("cifar", "digits", "tabular")} == {
-        "cifar": ("data_dir", "synthetic"), "digits": ("synthetic",),
+        "cifar": ("data_dir", "synthetic", "reader_nice"), "digits": ("synthetic",),
         "tabular": ("data_dir", "data_path", "label_column", "synthetic")}
+
+
+@pytest.mark.parametrize("nice", [0, 5, 19])
+def test_reader_nice_given_is_refused_by_an_input_without_reader_threads(nice, monkeypatch):
+    """-1 is "not given" (the default 19 where there is a reader); 0 is a value given."""
+    monkeypatch.setattr(registry, "INPUTS", Registry("input", registry.INPUT_FN_ARGS,
+                                                     ("mode", "params")))
+    registry.register_input("threads", data_flags=("reader_nice",))(lambda mode, params: None)
+    registry.register_input("no_threads", data_flags=("synthetic",))(lambda mode, params: None)
+    registry.register_input("undeclared")(lambda mode, params: None)
+    threads, no_threads, undeclared = (registry.INPUTS.get(n) for n in
+                                       ("threads", "no_threads", "undeclared"))
+    settings = {"data_dir": "", "data_path": "", "label_column": "", "synthetic": False}
+    check_data_flags(no_threads, dict(settings, reader_nice=-1))
+    check_data_flags(threads, dict(settings, reader_nice=nice))
+    check_data_flags(undeclared, dict(settings, reader_nice=nice))
+    with pytest.raises(UserError) as e:
+        check_data_flags(no_threads, dict(settings, reader_nice=nice))
+    assert str(e.value) == (f"--reader_nice {nice}: input 'no_threads' does not read it (it reads "
+                            f"only --synthetic); drop it, or use --input threads")

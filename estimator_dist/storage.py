@@ -13,7 +13,7 @@ import contextlib
 import os
 import re
 import shutil
-from typing import Iterable, Optional, Set
+from typing import Dict, Iterable, Optional, Set
 
 import tensorflow as tf
 
@@ -56,18 +56,50 @@ def guard_saver(saver, describe_kept):
         with contextlib.suppress(TypeError, ValueError):
             prefix = f"{save_path}-{int(global_step)}"
         before = _files_before_save(prefix)
+        shards = _shards(prefix)
         try:
-            return save(sess, save_path, global_step, *args, **kwargs)
+            path = save(sess, save_path, global_step, *args, **kwargs)
         except (tf.errors.OpError, OSError) as e:
             if storage_reason(e) is None:
                 raise
             _undo_save(prefix, *before)
             raise storage_error(e, f"saving checkpoint {os.path.basename(prefix)}",
                                 describe_kept()) from None
+        remove_stale_shards(prefix, shards)
+        return path
 
     saver.save = guarded_save
     saver._estimator_dist_guarded = True  # pylint: disable=protected-access
     return saver
+
+
+def _shards(prefix: str) -> Dict[str, int]:
+    """{path: mtime in ns} of checkpoint `prefix`'s data shards (model.ckpt-N.data-I-of-M)."""
+    directory, name = os.path.split(prefix)
+    found = {}
+    for n in os.listdir(directory or "."):
+        if n.startswith(name + ".data-") and checkpoints.SHARD_RE.search(n):
+            with contextlib.suppress(OSError):
+                found[os.path.join(directory, n)] = os.stat(os.path.join(directory, n)).st_mtime_ns
+    return found
+
+
+def remove_stale_shards(prefix: str, before: Dict[str, int]):
+    """After a save, remove the shards of an earlier save of the same step in another count.
+
+    A run resumed with another strategy re-saves the checkpoint it restored at its
+    first step: `tower` over 2 devices wrote model.ckpt-10.data-0000{0,1}-of-00002,
+    `none` writes .data-00000-of-00001 and an index naming it, and the two old
+    shards stayed beside it (measured), so that the checkpoint looked incomplete
+    (checkpoints.complete_checkpoints) and a resume could fall back to an older one.
+    """
+    written = {path for path, mtime in _shards(prefix).items() if before.get(path) != mtime}
+    counts = {checkpoints.SHARD_RE.search(path).group(2) for path in written}
+    if len(counts) != 1:
+        return
+    count = counts.pop()
+    remove(path for path in before
+           if path not in written and checkpoints.SHARD_RE.search(path).group(2) != count)
 
 
 def _files_before_save(prefix: str):

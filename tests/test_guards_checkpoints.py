@@ -309,3 +309,18 @@ def test_checkpoints_of_another_model_without_a_config_are_named_so(model_dir, c
                         f"it with the model that wrote it\n"), err
     assert "use the hparams" not in err
     assert snapshot(model_dir) == before
+
+
+def test_a_resume_with_another_strategy_leaves_no_stale_shards(tmp_path):
+    """tower over 2 devices saves 2 shards; `none` re-saves the restored step in 1: the 2 old
+    shards were left beside the new one, and the checkpoint then looked incomplete."""
+    train(tmp_path, 5, strategy="tower", num_devices=2)
+    assert sorted(p.name for p in tmp_path.glob("model.ckpt-5.data-*")) == [
+        "model.ckpt-5.data-00000-of-00002", "model.ckpt-5.data-00001-of-00002"]
+    summary, _ = train(tmp_path, 7)
+    assert summary["start_step"] == 5
+    for step in (5, 7):
+        assert [p.name for p in tmp_path.glob(f"model.ckpt-{step}.data-*")] == [
+            f"model.ckpt-{step}.data-00000-of-00001"]
+    assert sorted(checkpoints.complete_checkpoints(str(tmp_path))) == [0, 5, 7]
+    assert tf.train.load_checkpoint(str(tmp_path / "model.ckpt-5")).get_tensor("global_step") == 5

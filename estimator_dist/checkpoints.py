@@ -14,10 +14,9 @@ import shutil
 from typing import Callable, Dict, List, Mapping, Optional
 
 import tensorflow as tf
-import yaml
 
+from estimator_dist import config as config_lib
 from estimator_dist import files
-from estimator_dist.config import CONFIG_FILE
 from estimator_dist.errors import UserError, first_line
 
 STATE_FILE = "checkpoint"
@@ -186,7 +185,7 @@ def check_matches(model: Mapping[str, List[int]], checkpoint: Mapping[str, List[
     if not problems:
         return
     model_dir = model_dir or os.path.dirname(prefix)
-    config = os.path.join(model_dir, CONFIG_FILE)
+    config = os.path.join(model_dir, config_lib.CONFIG_FILE)
     if training and _another_models(model, checkpoint):
         saved, flags = saved_model(model_dir)
         wrote = f"a '{saved}' model (see {config})" if saved else "another model"
@@ -222,11 +221,10 @@ def saved_model(model_dir: str):
     """(--model, the flags that train it) named by model_dir's config.yaml; (None, "") if it
     names none or cannot be read."""
     try:
-        with open(os.path.join(model_dir, CONFIG_FILE)) as f:
-            data = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
+        data = config_lib.load_saved(model_dir)
+    except (OSError, UserError):
         return None, ""
-    name = data.get("model") if isinstance(data, dict) else None
+    name = data.get("model")
     if not isinstance(name, str) or not name:
         return None, ""
     imports = data.get("imports") if isinstance(data.get("imports"), list) else []
@@ -246,7 +244,7 @@ def check_same_model(model_dir: str, model: str):
     if saved is None or saved == model:
         return
     raise UserError(f"--model_dir {model_dir} holds a '{saved}' model (checkpoints to step "
-                    f"{max(present)}; see {os.path.join(model_dir, CONFIG_FILE)}), not "
+                    f"{max(present)}; see {os.path.join(model_dir, config_lib.CONFIG_FILE)}), not "
                     f"'{model}'; give a new --model_dir to train '{model}', or {flags} to "
                     f"resume it")
 

@@ -5,8 +5,10 @@
   is written (variables that cannot fit in this machine's memory are refused
   while the TRAIN graph is built: runner.memory_checked, memory.py);
 - during: `TrainingGuard` adds GuardHook to the TrainSpec, turns SIGTERM into a
-  final checkpoint (preemption.py), makes a failed checkpoint save an error
-  (storage.py), never creates world-writable files;
+  final checkpoint (preemption.py), or, during an evaluation between training
+  steps, into the end of that evaluation (EvaluationStopHook, on the EvalSpec),
+  makes a failed checkpoint save an error (storage.py), never creates
+  world-writable files;
 - after a failure: removes the temp files the run left and turns TensorFlow's
   errors into one-line ReportedErrors: NonFiniteError naming the step
   (numerics.py), StorageError naming the file, OutOfMemory naming the tensor
@@ -79,8 +81,32 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
         return preemption.preempted(step, path)
 
 
+class EvaluationStopHook(tf.compat.v1.train.SessionRunHook):
+    """Ends an evaluation that runs inside training once SIGTERM asked training to stop.
+
+    Estimator evaluates between two training steps, right after a checkpoint save
+    (its saving listener), so GuardHook only sees the signal when the whole evaluation
+    is over, which can outlast the scheduler's grace period. This hook, on the
+    EvalSpec, raises Preempted before the next eval batch instead: the checkpoint
+    just saved is the final one, and no metrics of the cut-off evaluation are
+    written (Estimator writes them when an evaluation ends). Evaluations outside
+    training (the final one, an evaluator task) never see a stop request here.
+    """
+
+    def __init__(self, guard_hook: GuardHook, model_dir: str):
+        self._guard = guard_hook
+        self._model_dir = model_dir
+
+    def before_run(self, run_context):
+        if self._guard.stop_requested and self._guard.active:
+            self._guard.active = False
+            raise preemption.preempted_during_evaluation(
+                tf.train.latest_checkpoint(self._model_dir))
+
+
 class TrainingGuard:
-    """Context manager around `train_and_evaluate`; `attach(train_spec)` adds its hook.
+    """Context manager around `train_and_evaluate`; `attach(train_spec)` adds its hook,
+    `attach_eval(eval_spec)` the one that cuts an evaluation short on SIGTERM.
 
     role: local, chief, worker, ps or evaluator. A local run handles SIGTERM (a final
     checkpoint, exit 143), and so does a cluster's chief when it saves alone
@@ -104,6 +130,10 @@ class TrainingGuard:
         return tf.estimator.TrainSpec(train_spec.input_fn, train_spec.max_steps,
                                       tuple(train_spec.hooks) + (self.hook,),
                                       train_spec.saving_listeners)
+
+    def attach_eval(self, eval_spec: tf.estimator.EvalSpec) -> tf.estimator.EvalSpec:
+        return eval_spec._replace(
+            hooks=tuple(eval_spec.hooks) + (EvaluationStopHook(self.hook, self.model_dir),))
 
     def _on_sigterm(self):
         if self.hook.stop_requested:

@@ -5,9 +5,11 @@ Schedulers preempt with SIGTERM and a grace period before SIGKILL (Kubernetes:
 since the last periodic checkpoint. Here the signal only sets a flag; after the
 session run in flight, guards.GuardHook saves a checkpoint with Estimator's own
 saver and raises Preempted, which skips the evaluation and export that a normal
-end of training would start (they could outlast the grace period). The process
-exits 143 (128 + SIGTERM), the code schedulers treat as retryable, and rerunning
-the same command resumes from that checkpoint.
+end of training would start (they could outlast the grace period). An evaluation
+in flight between two training steps is cut short before its next batch
+(guards.EvaluationStopHook). The process exits 143 (128 + SIGTERM), the code
+schedulers treat as retryable, and rerunning the same command resumes from that
+checkpoint.
 
 In a cluster the chief (the one task that writes checkpoints) does the same when
 it saves alone (parameter servers, Horovod), but its step in flight waits for its
@@ -64,6 +66,14 @@ def preempted(step: int, checkpoint, latest=None) -> Preempted:
                          f"(retryable); rerun the same command to resume from it")
     return Preempted(f"SIGTERM at step {step}: saved {checkpoint}; exit code {EXIT_PREEMPTED} "
                      f"(retryable); rerun the same command to resume from it")
+
+
+def preempted_during_evaluation(checkpoint) -> Preempted:
+    """SIGTERM while Estimator evaluated the checkpoint it had just saved (the latest)."""
+    where = f"the latest checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written"
+    return Preempted(f"SIGTERM during an evaluation between training steps: stopped it (no "
+                     f"metrics written); {where}; exit code {EXIT_PREEMPTED} (retryable); rerun the "
+                     f"same command to resume from it")
 
 
 def preempted_outside_training(checkpoint) -> Preempted:

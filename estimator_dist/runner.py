@@ -733,7 +733,8 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
         if p.ranks and not p.ranks.is_root:
             result = train_rank(estimator, guard.attach(train_spec), start_step)
         else:
-            result = train_and_evaluate(p, estimator, guard.attach(train_spec), eval_spec, say)
+            result = train_and_evaluate(p, estimator, guard.attach(train_spec),
+                                        guard.attach_eval(eval_spec), say)
     if p.role == "local":
         check_trained(p, start_step)
     if p.role == "chief" and p.cluster:

@@ -13,8 +13,11 @@ hparams:
   fsize_limit_step, fsize_limit: from that global step on, the process may not
     write files larger than fsize_limit bytes (RLIMIT_FSIZE): the disk "fills up"
     mid-run. Only for subprocess runs: it limits the whole process.
+  eval_sleep, eval_marker: each eval batch first creates the file eval_marker (if
+    given), then sleeps eval_sleep seconds (a slow evaluation to interrupt).
 """
 import resource
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -26,7 +29,7 @@ TRAIN, EVAL, PREDICT = tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL, 
 FEATURES, CLASSES = 6, 3
 HPARAMS = {"learning_rate": 0.1, "optimizer": "sgd", "poison": "none", "poison_step": 7,
            "units": 8, "extra_layer": False, "big": 0,
-           "fsize_limit_step": 0, "fsize_limit": 600000}
+           "fsize_limit_step": 0, "fsize_limit": 600000, "eval_sleep": 0.0, "eval_marker": ""}
 _rng = np.random.RandomState(0)
 X = _rng.randn(64, FEATURES).astype(np.float32)
 Y = (X[:, 0] > 0).astype(np.int32) + (X[:, 1] > 1).astype(np.int32)
@@ -72,6 +75,17 @@ class FileSizeLimitHook(tf.compat.v1.train.SessionRunHook):
             resource.setrlimit(resource.RLIMIT_FSIZE, (self._limit, hard))
 
 
+def _slow_batch(seconds, marker):
+    """0.0, after creating `marker` and sleeping `seconds`, once per session run."""
+    def slow():
+        if marker:
+            open(marker, "a").close()
+        time.sleep(seconds)
+        return np.float32(0.0)
+
+    return tf.numpy_function(slow, [], tf.float32, stateful=True)
+
+
 @register_model("guard_mlp", hparams=HPARAMS, default_input="guard_xy",
                 run_defaults={"batch_size": 16, "eval_steps": 1, "export": "none"})
 def guard_mlp(features, labels, mode, params):
@@ -98,6 +112,8 @@ def guard_mlp(features, labels, mode, params):
         bad = np.float32("nan") if params["poison"] == "loss_nan" else np.float32("inf")
         loss = tf.where(poisoned, bad, loss)
     if mode == EVAL:
+        if params["eval_sleep"]:
+            loss += _slow_batch(params["eval_sleep"], params["eval_marker"])
         return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops={
             "accuracy": tf.compat.v1.metrics.accuracy(labels, predictions["class_ids"])})
     hooks = [FileSizeLimitHook(params["fsize_limit_step"], params["fsize_limit"])] \

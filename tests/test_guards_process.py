@@ -96,6 +96,41 @@ def test_sigterm_writes_a_final_checkpoint_exits_143_and_resumes(tmp_path):
     assert_resumes(tmp_path, step)
 
 
+def test_sigterm_during_an_evaluation_between_steps_stops_it_and_exits_143(tmp_path):
+    """Estimator evaluates right after a checkpoint save, inside the training step's hooks:
+    the evaluation (4 batches x 5 s here) is cut short before its next batch."""
+    model_dir, marker = tmp_path / "run", tmp_path / "evaluating"
+    argv = train_argv(model_dir, "--train_steps", 100000, "--save_checkpoints_steps", 20,
+                      "--eval_steps", 4, "--set", "eval_sleep=5", "--set", f"eval_marker={marker}")
+    proc = subprocess.Popen(argv, cwd=REPO, env=environment(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no evaluation in time"
+            time.sleep(0.1)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=TIMEOUT)
+        waited = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == EXIT_PREEMPTED, err
+    assert waited < 12, f"waited {waited:.1f} s: the evaluation ran on (20 s)"
+    step = latest_step(model_dir)
+    assert err.strip() == (
+        f"estimator-dist: preempted: SIGTERM during an evaluation between training steps: "
+        f"stopped it (no metrics written); the latest checkpoint is "
+        f"{model_dir / f'model.ckpt-{step}'}; exit code 143 (retryable); rerun the same command "
+        f"to resume from it")
+    assert not (model_dir / "eval").exists() or not any(
+        (model_dir / "eval").iterdir()), "the cut-off evaluation wrote metrics"
+    assert_resumes(model_dir, step)
+
+
 def test_kill_9_loses_at_most_the_steps_since_the_last_checkpoint(tmp_path):
     code, _, _ = start_and_signal(
         train_argv(tmp_path, "--train_steps", 100000, "--save_checkpoints_steps", 100),

@@ -23,6 +23,7 @@ from estimator_dist import checkpoints
 from estimator_dist import memory
 from estimator_dist import numerics
 from estimator_dist import preemption
+from estimator_dist import preemption_vote
 from estimator_dist import quiet
 from estimator_dist import storage
 from estimator_dist.errors import ReportedError, TrainingFailed, first_line, op_error_line
@@ -36,9 +37,10 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
     a failing run was computing is `step + 1` with no extra fetch per run.
     """
 
-    def __init__(self, model_dir: str, runs_per_step: int = 1):
+    def __init__(self, model_dir: str, runs_per_step: int = 1, saves_on_stop: bool = True):
         self._model_dir = model_dir
         self._runs_per_step = max(1, runs_per_step)
+        self._saves_on_stop = saves_on_stop
         self.step: Optional[int] = None
         self.active = False
         self.stop_requested = False
@@ -66,7 +68,7 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
         self._runs += 1
         if self._runs % self._runs_per_step == 0:
             self.step += 1
-            if self.stop_requested:
+            if self.stop_requested and self._saves_on_stop:
                 raise self._preempt(run_context.session)
 
     def end(self, session):
@@ -105,30 +107,35 @@ class EvaluationStopHook(tf.compat.v1.train.SessionRunHook):
 
 
 class TrainingGuard:
-    """Context manager around `train_and_evaluate`; `attach(train_spec)` adds its hook,
+    """Context manager around `train_and_evaluate`; `attach(train_spec)` adds its hooks,
     `attach_eval(eval_spec)` the one that cuts an evaluation short on SIGTERM.
 
     role: local, chief, worker, ps or evaluator. A local run handles SIGTERM (a final
     checkpoint, exit 143), and so does a cluster's chief when it saves alone
     (`chief_saves_alone`: parameter servers, Horovod), within a deadline, as its step
     waits for peers that may be stopping too (preemption.py). Under
-    multi_worker_mirrored every worker takes part in a save (Keras batch norm's
-    statistics are all-reduced when read), so a chief saving by itself waits forever
-    (measured): there, as on every other task, SIGTERM keeps its default, immediate
-    exit. After a failure a task removes only the temp files of what it writes:
-    checkpoints (local, chief), exports (local, evaluator).
+    multi_worker_mirrored (`chief_saves_alone` False) every worker takes part in a
+    save, so there every worker handles SIGTERM: the workers vote to stop at one
+    step, save together and exit 143 (preemption_vote.py), within the same deadline.
+    Other tasks (ps, evaluator, a non-chief worker with parameter servers) keep
+    SIGTERM's default, immediate exit. After a failure a task removes only the temp
+    files of what it writes: checkpoints (local, chief), exports (local, evaluator).
     """
 
     def __init__(self, model_dir: str, runs_per_step: int = 1, role: str = "local",
-                 chief_saves_alone: bool = True):
+                 chief_saves_alone: bool = True, workers: int = 1):
         self.model_dir = model_dir
         self.role = role
-        self.hook = GuardHook(model_dir, runs_per_step)
-        self.handles_sigterm = role == "local" or (role == "chief" and chief_saves_alone)
+        votes = not chief_saves_alone and role in ("chief", "worker")
+        self.vote = preemption_vote.VoteHook(workers, runs_per_step) if votes else None
+        self.hook = GuardHook(model_dir, runs_per_step, saves_on_stop=not votes)
+        self.handles_sigterm = role == "local" or (role == "chief" and chief_saves_alone) or \
+            votes
 
     def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:
+        hooks = (self.hook,) + ((self.vote,) if self.vote else ())
         return tf.estimator.TrainSpec(train_spec.input_fn, train_spec.max_steps,
-                                      tuple(train_spec.hooks) + (self.hook,),
+                                      tuple(train_spec.hooks) + hooks,
                                       train_spec.saving_listeners)
 
     def attach_eval(self, eval_spec: tf.estimator.EvalSpec) -> tf.estimator.EvalSpec:
@@ -136,10 +143,12 @@ class TrainingGuard:
             hooks=tuple(eval_spec.hooks) + (EvaluationStopHook(self.hook, self.model_dir),))
 
     def _on_sigterm(self):
-        if self.hook.stop_requested:
-            return
+        if self.hook.stop_requested or (self.vote and self.vote.stopped_at is not None):
+            return  # already stopping (under a vote: every worker saving together)
         self.hook.stop_requested = True
-        if self.role == "chief":
+        if self.vote:
+            self.vote.signalled = True
+        if self.role in ("chief", "worker"):
             preemption.exit_by_deadline(
                 preemption.PEER_DEADLINE_S, lambda: tf.train.latest_checkpoint(self.model_dir))
         if not self.hook.active:  # no training step to finish: stop now
@@ -161,6 +170,8 @@ class TrainingGuard:
 
     def __exit__(self, exc_type, exc, tb):
         self._stack.close()
+        if exc is None and self.vote and self.vote.stopped_at is not None:
+            raise preemption_vote.preempted(self.vote, self.role, self.model_dir)
         if exc is None:
             return False
         storage.remove(storage.temp_entries(self._watched()) - self._before)

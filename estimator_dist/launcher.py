@@ -27,7 +27,9 @@ from estimator_dist.errors import EXIT_NON_FINITE, EXIT_STORAGE, EXIT_USER, User
 
 LOOPBACK = "127.0.0.1"
 EXIT_CLUSTER_FAILED = 3
-STOP_GRACE_SECONDS = 10.0
+# SIGTERM to SIGKILL when the launcher stops a task: longer than a task that handles
+# SIGTERM takes to save and exit by itself (preemption.PEER_DEADLINE_S, 20 s).
+STOP_GRACE_SECONDS = 25.0
 POLL_SECONDS = 0.2
 # A restart would only repeat these: a user error, a NaN/Inf step, a full disk.
 PERMANENT = (EXIT_USER, EXIT_NON_FINITE, EXIT_STORAGE)

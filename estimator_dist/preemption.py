@@ -15,9 +15,10 @@ In a cluster the chief (the one task that writes checkpoints) does the same when
 it saves alone (parameter servers, Horovod), but its step in flight waits for its
 peers, which a scheduler may be stopping at the same moment: so a deadline
 (`PEER_DEADLINE_S`) starts with the signal, after which the task exits 143 at
-once, as it did by default. Other tasks, and every task of multi_worker_mirrored
-(whose saves need every worker: guards.TrainingGuard), keep the default immediate
-exit.
+once, as it did by default. Under multi_worker_mirrored, whose saves need every
+worker, the workers vote to stop at one step and save it together
+(preemption_vote.py), within the same deadline. Other tasks (ps, evaluator, the
+workers of parameter-server training) keep the default immediate exit.
 """
 import contextlib
 import os

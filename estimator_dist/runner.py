@@ -728,7 +728,8 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
     train_spec, eval_spec = build_specs(p, training_hooks(p, estimator, progress, say))
     started = time.perf_counter()
     with guards.TrainingGuard(p.model_dir, config.distribute.accumulate_steps, p.role,
-                              chief_saves_alone=config.distribute.strategy != "multi_worker_mirrored") \
+                              chief_saves_alone=config.distribute.strategy != "multi_worker_mirrored",
+                              workers=p.num_workers) \
             as guard:
         if p.ranks and not p.ranks.is_root:
             result = train_rank(estimator, guard.attach(train_spec), start_step)

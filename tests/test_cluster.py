@@ -366,6 +366,43 @@ def test_sigterm_to_the_chief_saves_a_final_checkpoint_and_the_cluster_resumes_f
     assert checkpoint_steps(model_dir)[-1] == int(again[1])
 
 
+def test_sigterm_to_one_mwms_worker_stops_every_worker_at_one_step_and_they_save_it(tmp_path):
+    """Under multi_worker_mirrored a save needs every worker: the workers vote, all stop after
+    the same step and save it together, exit 143, and the restarted cluster resumes there. A
+    SIGTERM'd worker used to die at once, losing every step since the last periodic
+    checkpoint. Then Ctrl-C of the launcher (SIGTERM to every task) does the same."""
+    model_dir = str(tmp_path / "run")
+    run = Run(["--workers", "2", "--strategy", "multi_worker_mirrored",
+               "--train_steps", "1000000", "--save_checkpoints_steps", "1000000",
+               "--max_restarts", "1", "--model_dir", model_dir] + TRAIN)
+    try:
+        wait_for(run, r"^\[chief:0\] step \d+/")
+        os.kill(run.pid_of("worker:0"), signal.SIGTERM)
+        worker, _ = wait_for(run, r"^\[worker:0\] estimator-dist: preempted: SIGTERM at step (\d+): "
+                                  r"every worker stopped there \(1 got SIGTERM\); the chief saved "
+                                  r"model\.ckpt-(\d+) in (\S+); exit code 143 \(retryable\)")
+        step = int(worker.group(1))
+        assert worker.group(2) == str(step) and worker.group(3) == model_dir
+        chief, _ = wait_for(run, r"^\[chief:0\] estimator-dist: preempted: SIGTERM to another "
+                                 r"worker at step (\d+): every worker stopped there \(1 got "
+                                 r"SIGTERM\); saved (\S+); exit code 143")
+        assert int(chief.group(1)) == step and chief.group(2) == f"{model_dir}/model.ckpt-{step}"
+        assert step > 0 and step in checkpoint_steps(model_dir)
+        _, resumed = wait_for(run, rf"^\[chief:0\] resuming from the checkpoint at step {step} in ")
+        wait_for(run, r"^\[chief:0\] step \d+/", start=resumed)
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.wait() == 130, run.text
+    finally:  # a failed step above must not leave the cluster running
+        if run.proc.poll() is None:
+            run.proc.send_signal(signal.SIGTERM)
+            run.proc.wait(60)
+    again = {task: re.findall(rf"^\[{task}\] estimator-dist: preempted: SIGTERM.* at step (\d+): "
+                              r"every worker stopped there \(\d got SIGTERM\)", run.text, re.M)
+             for task in ("chief:0", "worker:0")}
+    assert len(again["chief:0"]) == 2 and again["chief:0"] == again["worker:0"], run.text
+    assert checkpoint_steps(model_dir)[-1] == int(again["chief:0"][1]) > step
+
+
 def test_sigterm_stops_every_task(tmp_path):
     run = Run(["--workers", "2", "--ps", "1", "--evaluator", "--strategy", "parameter_server",
                "--train_steps", "100000", "--model_dir", str(tmp_path / "run")] + TRAIN)

@@ -117,8 +117,9 @@ class TrainingGuard:
     multi_worker_mirrored (`chief_saves_alone` False) every worker takes part in a
     save, so there every worker handles SIGTERM: the workers vote to stop at one
     step, save together and exit 143 (preemption_vote.py), within the same deadline.
-    Other tasks (ps, evaluator, a non-chief worker with parameter servers) keep
-    SIGTERM's default, immediate exit. After a failure a task removes only the temp
+    The evaluator stops at once (exit 143), removing an export it was writing. Ps
+    tasks and the workers of parameter-server training keep SIGTERM's default,
+    immediate exit (they write nothing). After a failure a task removes only the temp
     files of what it writes: checkpoints (local, chief), exports (local, evaluator).
     """
 
@@ -129,8 +130,8 @@ class TrainingGuard:
         votes = not chief_saves_alone and role in ("chief", "worker")
         self.vote = preemption_vote.VoteHook(workers, runs_per_step) if votes else None
         self.hook = GuardHook(model_dir, runs_per_step, saves_on_stop=not votes)
-        self.handles_sigterm = role == "local" or (role == "chief" and chief_saves_alone) or \
-            votes
+        self.handles_sigterm = role in ("local", "evaluator") or votes or \
+            (role == "chief" and chief_saves_alone)
 
     def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:
         hooks = (self.hook,) + ((self.vote,) if self.vote else ())
@@ -151,6 +152,8 @@ class TrainingGuard:
         if self.role in ("chief", "worker"):
             preemption.exit_by_deadline(
                 preemption.PEER_DEADLINE_S, lambda: tf.train.latest_checkpoint(self.model_dir))
+        if self.role == "evaluator":  # an export in flight is removed on the way out
+            raise preemption.evaluator_stopped(tf.train.latest_checkpoint(self.model_dir))
         if not self.hook.active:  # no training step to finish: stop now
             raise preemption.preempted_outside_training(tf.train.latest_checkpoint(self.model_dir))
 

@@ -17,8 +17,9 @@ peers, which a scheduler may be stopping at the same moment: so a deadline
 (`PEER_DEADLINE_S`) starts with the signal, after which the task exits 143 at
 once, as it did by default. Under multi_worker_mirrored, whose saves need every
 worker, the workers vote to stop at one step and save it together
-(preemption_vote.py), within the same deadline. Other tasks (ps, evaluator, the
-workers of parameter-server training) keep the default immediate exit.
+(preemption_vote.py), within the same deadline. The evaluator stops at once,
+removing an export it was writing. Ps tasks and the workers of parameter-server
+training keep the default immediate exit (they write nothing).
 """
 import contextlib
 import os
@@ -75,6 +76,14 @@ def preempted_during_evaluation(checkpoint) -> Preempted:
     return Preempted(f"SIGTERM during an evaluation between training steps: stopped it (no "
                      f"metrics written); {where}; exit code {EXIT_PREEMPTED} (retryable); rerun the "
                      f"same command to resume from it")
+
+
+def evaluator_stopped(checkpoint) -> Preempted:
+    """SIGTERM to a cluster's evaluator: it stops where it is (it writes no checkpoints)."""
+    where = f"the latest checkpoint is {checkpoint}" if checkpoint else "no checkpoint yet"
+    return Preempted(f"SIGTERM: the evaluator stopped (an export it was writing is removed); "
+                     f"{where}; exit code {EXIT_PREEMPTED} (retryable); rerun the same command "
+                     f"to go on evaluating")
 
 
 def preempted_outside_training(checkpoint) -> Preempted:

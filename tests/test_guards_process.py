@@ -310,6 +310,42 @@ def test_sigterm_outside_a_training_step_stops_at_once(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
+EVALUATOR_EXPORTING = """
+import os, sys, time
+from estimator_dist import guards
+from estimator_dist.errors import Preempted
+model_dir = sys.argv[1]
+try:
+    with guards.TrainingGuard(model_dir, role="evaluator"):
+        os.makedirs(os.path.join(model_dir, "export", "best", "temp-1795600000"))  # mid-export
+        print("exporting", flush=True)
+        time.sleep(60)
+except Preempted as e:
+    print(e, file=sys.stderr)
+    sys.exit(e.exit_code)
+"""
+
+
+def test_sigterm_to_the_evaluator_removes_the_export_it_was_writing_and_exits_143(tmp_path):
+    """It died at once, leaving a half-written export/best/temp-<timestamp> behind."""
+    proc = subprocess.Popen([sys.executable, "-c", EVALUATOR_EXPORTING, str(tmp_path)], cwd=REPO,
+                            env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "exporting\n", proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == EXIT_PREEMPTED, err
+    assert err.strip() == ("SIGTERM: the evaluator stopped (an export it was writing is removed); "
+                           "no checkpoint yet; exit code 143 (retryable); rerun the same command "
+                           "to go on evaluating")
+    assert os.listdir(tmp_path / "export" / "best") == []
+
+
 def address_space_limit(limit_bytes):
     """preexec_fn: the child may map at most limit_bytes (ulimit -v), so that a model that
     slipped past the memory check fails instead of filling the machine's RAM."""

@@ -50,6 +50,17 @@ def on_sigterm(callback, enabled: bool = True):
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def stop_on_sigterm(make_error):
+    """Inside: SIGTERM raises `make_error()` in the main thread, so the cleanup of what
+    is being written (storage.cleanup_on_failure) runs instead of a sudden death."""
+    def stop():
+        raise make_error()
+
+    with on_sigterm(stop):
+        yield
+
+
 def save_final_checkpoint(session, saver, model_dir: str, step: int) -> str:
     """Save model_dir/model.ckpt-<step> with Estimator's saver (unless it just did)."""
     done = [p for p in saver.last_checkpoints if p.endswith(f"-{step}")]
@@ -76,6 +87,13 @@ def preempted_during_evaluation(checkpoint) -> Preempted:
     return Preempted(f"SIGTERM during an evaluation between training steps: stopped it (no "
                      f"metrics written); {where}; exit code {EXIT_PREEMPTED} (retryable); rerun the "
                      f"same command to resume from it")
+
+
+def export_stopped(checkpoint) -> Preempted:
+    """SIGTERM while a cluster's chief (no evaluator task) exported the final checkpoint."""
+    return Preempted(f"SIGTERM during the chief's final export: stopped it (the partial export "
+                     f"was removed); training is done, the latest checkpoint is {checkpoint}; exit "
+                     f"code {EXIT_PREEMPTED} (retryable); rerun the same command to export it")
 
 
 def evaluator_stopped(checkpoint) -> Preempted:

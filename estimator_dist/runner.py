@@ -34,12 +34,13 @@ from estimator_dist import memory
 from estimator_dist import model_fn_wrap
 from estimator_dist import numerics
 from estimator_dist import precision
+from estimator_dist import preemption
 from estimator_dist import quiet
 from estimator_dist import saver_hook
 from estimator_dist import strategies
 from estimator_dist import towers
 from estimator_dist import xla
-from estimator_dist.errors import OutOfMemory, UserError, first_line
+from estimator_dist.errors import OutOfMemory, ReportedError, UserError, first_line
 from estimator_dist.hooks import ProgressHook
 from estimator_dist.registry import INPUTS, MODELS, Entry, check_data_flags
 
@@ -138,11 +139,12 @@ def input_params(config, per_replica_batch) -> Dict[str, Any]:
 
 
 def users_code(call, what: str, fix: str):
-    """call(), with an exception of the user's code (not a UserError) as one line naming it;
-    --verbose keeps the traceback."""
+    """call(), with an exception of the user's code as one line naming it; --verbose keeps
+    the traceback. Our own one-line errors pass unchanged, among them Preempted, which
+    SIGTERM raises wherever the main thread is (a graph build included)."""
     try:
         return call()
-    except UserError:
+    except ReportedError:
         raise
     except Exception as e:  # noqa: BLE001 - any failure of a model_fn's or input's own code
         if not quiet.is_quiet():
@@ -749,7 +751,9 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
         metrics = final_eval_metrics(p.model_dir)
     if p.role == "chief" and p.cluster and not p.cluster.has_evaluator and \
             config.train.export != "none":
-        export_from_chief(p)
+        with preemption.stop_on_sigterm(
+                lambda: preemption.export_stopped(tf.train.latest_checkpoint(p.model_dir))):
+            export_from_chief(p)
         out("no evaluator task: the chief exported the final checkpoint")
     summary = {
         "model": config.model,

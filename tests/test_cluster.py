@@ -403,6 +403,35 @@ def test_sigterm_to_one_mwms_worker_stops_every_worker_at_one_step_and_they_save
     assert checkpoint_steps(model_dir)[-1] == int(again["chief:0"][1]) > step
 
 
+def test_sigterm_during_the_chiefs_final_export_removes_it_and_the_restart_exports(tmp_path):
+    """With no evaluator the chief exports after training, outside the training guard: SIGTERM
+    there killed it at once, leaving a half-written export/final/temp-<timestamp>."""
+    model_dir = tmp_path / "run"
+    final = model_dir / "export" / "final"
+    run = Run(["--workers", "1", "--strategy", "multi_worker_mirrored", "--train_steps", "20",
+               "--max_restarts", "1", "--model_dir", str(model_dir)] + TRAIN)
+    try:
+        deadline = time.monotonic() + 180
+        while not (final.is_dir() and any(n.startswith("temp-") for n in os.listdir(final))):
+            assert run.proc.poll() is None, "the export ended before it was seen:\n" + run.text
+            assert time.monotonic() < deadline, run.text
+            time.sleep(0.005)
+        os.kill(run.pid_of("chief:0"), signal.SIGTERM)
+        assert run.wait() == 0, run.text
+    finally:  # a failed step above must not leave the cluster running
+        if run.proc.poll() is None:
+            run.proc.send_signal(signal.SIGTERM)
+            run.proc.wait(60)
+    assert re.search(r"^\[chief:0\] estimator-dist: preempted: SIGTERM during the chief's final "
+                     r"export: stopped it \(the partial export was removed\); training is done, "
+                     r"the latest checkpoint is \S+/model\.ckpt-20; exit code 143", run.text,
+                     re.M), run.text
+    assert "[launcher] chief:0 exited with code 143; restarting" in run.text
+    assert "[chief:0] no evaluator task: the chief exported the final checkpoint" in run.text
+    names = os.listdir(final)
+    assert len(names) == 1 and names[0].isdigit(), names
+
+
 def test_sigterm_stops_every_task(tmp_path):
     run = Run(["--workers", "2", "--ps", "1", "--evaluator", "--strategy", "parameter_server",
                "--train_steps", "100000", "--model_dir", str(tmp_path / "run")] + TRAIN)

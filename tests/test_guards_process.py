@@ -346,6 +346,28 @@ def test_sigterm_to_the_evaluator_removes_the_export_it_was_writing_and_exits_14
     assert os.listdir(tmp_path / "export" / "best") == []
 
 
+def test_sigterm_during_a_graph_build_is_preempted_not_a_model_error(tmp_path, monkeypatch):
+    """users_code turns a model_fn's exceptions into "could not build" (exit 2, which nobody
+    retries); the Preempted that SIGTERM raises inside a build was reported that way too."""
+    from estimator_dist import quiet, runner
+
+    monkeypatch.setitem(quiet._state, "quiet", True)
+
+    def build():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+
+    with pytest.raises(Preempted, match="SIGTERM outside a training step"):
+        with guards.TrainingGuard(str(tmp_path)):
+            runner.users_code(build, "model 'm' could not build its train graph", "fix it")
+    def bad_build():
+        raise ValueError("bad")
+
+    with pytest.raises(UserError, match="model 'm' could not build its train graph: "
+                                        "ValueError: bad; fix it"):
+        runner.users_code(bad_build, "model 'm' could not build its train graph", "fix it")
+
+
 def address_space_limit(limit_bytes):
     """preexec_fn: the child may map at most limit_bytes (ulimit -v), so that a model that
     slipped past the memory check fails instead of filling the machine's RAM."""

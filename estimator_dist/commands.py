@@ -6,6 +6,7 @@ from estimator_dist import checkpoints
 from estimator_dist import config as config_lib
 from estimator_dist import export as export_lib
 from estimator_dist import files
+from estimator_dist import preemption
 from estimator_dist import runner
 from estimator_dist import storage
 from estimator_dist.cli import TRAIN_FLAGS
@@ -181,8 +182,18 @@ COMMANDS = {"bench": bench, "report": report, "train": train, "evaluate": evalua
 IMPORT_FIRST = ("evaluate", "export", "predict", "report")
 
 
+# Commands that write files and have no SIGTERM handling of their own (train has its
+# guards; cluster and bench stop their processes): SIGTERM raises Preempted in the main
+# thread, so the removal of a half-written export or output file runs instead of a
+# sudden death that leaves it behind.
+STOPPED_BY_SIGTERM = ("evaluate", "export", "predict", "report", "tfjob")
+
+
 def run(name: str, args):
     storage.forbid_world_writable()
     if name in IMPORT_FIRST:
         runner.import_user_modules(getattr(args, "imports", ()))
-    return COMMANDS[name](args)
+    if name not in STOPPED_BY_SIGTERM:
+        return COMMANDS[name](args)
+    with preemption.stop_on_sigterm(lambda: preemption.command_stopped(name)):
+        return COMMANDS[name](args)

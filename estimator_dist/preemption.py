@@ -96,6 +96,12 @@ def export_stopped(checkpoint) -> Preempted:
                      f"code {EXIT_PREEMPTED} (retryable); rerun the same command to export it")
 
 
+def command_stopped(command: str) -> Preempted:
+    """SIGTERM to evaluate, export, predict, report or tfjob."""
+    return Preempted(f"SIGTERM: '{command}' stopped; anything it was writing was removed; exit code "
+                     f"{EXIT_PREEMPTED} (retryable); rerun the same command")
+
+
 def evaluator_stopped(checkpoint) -> Preempted:
     """SIGTERM to a cluster's evaluator: it stops where it is (it writes no checkpoints)."""
     where = f"the latest checkpoint is {checkpoint}" if checkpoint else "no checkpoint yet"

@@ -346,6 +346,34 @@ def test_sigterm_to_the_evaluator_removes_the_export_it_was_writing_and_exits_14
     assert os.listdir(tmp_path / "export" / "best") == []
 
 
+def test_sigterm_during_the_export_command_removes_the_partial_export_and_exits_143(tmp_path):
+    """`export` died at once on SIGTERM, leaving export/manual/temp-<timestamp> behind."""
+    model_dir = tmp_path / "run"
+    trained = run(train_argv(model_dir, "--train_steps", 5))
+    assert trained.returncode == 0, trained.stderr
+    manual = model_dir / "export" / "manual"
+    proc = subprocess.Popen([sys.executable, "-m", "estimator_dist", "export", "--import",
+                             "guard_models", "--model_dir", str(model_dir)], cwd=REPO,
+                            env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (manual.is_dir() and any(n.startswith("temp-") for n in os.listdir(manual))):
+            assert proc.poll() is None, f"the export ended before it was seen: {proc.communicate()}"
+            assert time.monotonic() < deadline, "no export in time"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == EXIT_PREEMPTED, err
+    assert err.strip() == ("estimator-dist: preempted: SIGTERM: 'export' stopped; anything it was "
+                           "writing was removed; exit code 143 (retryable); rerun the same command")
+    assert os.listdir(manual) == []
+
+
 def test_sigterm_during_a_graph_build_is_preempted_not_a_model_error(tmp_path, monkeypatch):
     """users_code turns a model_fn's exceptions into "could not build" (exit 2, which nobody
     retries); the Preempted that SIGTERM raises inside a build was reported that way too."""

@@ -72,60 +72,62 @@ def save_final_checkpoint(session, saver, model_dir: str, step: int) -> str:
     return path
 
 
+def where_to_resume(checkpoint, none: str = "no checkpoint was written") -> str:
+    return f"the latest checkpoint is {checkpoint}" if checkpoint else none
+
+
+def retry(then: str = "") -> str:
+    """The end of every preemption line: the retryable exit code and what a rerun does."""
+    return f"exit code {EXIT_PREEMPTED} (retryable); rerun the same command" + \
+        (f" {then}" if then else "")
+
+
 def preempted(step: int, checkpoint, latest=None) -> Preempted:
     if checkpoint is None:
         return Preempted(f"SIGTERM at step {step}: no final checkpoint (the model_fn's Scaffold "
-                         f"has its own saver); the latest is {latest}; exit code {EXIT_PREEMPTED} "
-                         f"(retryable); rerun the same command to resume from it")
-    return Preempted(f"SIGTERM at step {step}: saved {checkpoint}; exit code {EXIT_PREEMPTED} "
-                     f"(retryable); rerun the same command to resume from it")
+                         f"has its own saver); the latest is {latest}; {retry('to resume from it')}")
+    return Preempted(f"SIGTERM at step {step}: saved {checkpoint}; {retry('to resume from it')}")
 
 
 def preempted_during_evaluation(checkpoint) -> Preempted:
     """SIGTERM while Estimator evaluated the checkpoint it had just saved (the latest)."""
-    where = f"the latest checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written"
     return Preempted(f"SIGTERM during an evaluation between training steps: stopped it (no "
-                     f"metrics written); {where}; exit code {EXIT_PREEMPTED} (retryable); rerun the "
-                     f"same command to resume from it")
+                     f"metrics written); {where_to_resume(checkpoint)}; "
+                     f"{retry('to resume from it')}")
 
 
 def export_stopped(checkpoint) -> Preempted:
     """SIGTERM while a cluster's chief (no evaluator task) exported the final checkpoint."""
     return Preempted(f"SIGTERM during the chief's final export: stopped it (the partial export "
-                     f"was removed); training is done, the latest checkpoint is {checkpoint}; exit "
-                     f"code {EXIT_PREEMPTED} (retryable); rerun the same command to export it")
+                     f"was removed); training is done, {where_to_resume(checkpoint)}; "
+                     f"{retry('to export it')}")
 
 
 def command_stopped(command: str) -> Preempted:
     """SIGTERM to evaluate, export, predict, report or tfjob."""
-    return Preempted(f"SIGTERM: '{command}' stopped; anything it was writing was removed; exit code "
-                     f"{EXIT_PREEMPTED} (retryable); rerun the same command")
+    return Preempted(f"SIGTERM: '{command}' stopped; anything it was writing was removed; "
+                     f"{retry()}")
 
 
 def evaluator_stopped(checkpoint) -> Preempted:
     """SIGTERM to a cluster's evaluator: it stops where it is (it writes no checkpoints)."""
-    where = f"the latest checkpoint is {checkpoint}" if checkpoint else "no checkpoint yet"
     return Preempted(f"SIGTERM: the evaluator stopped (an export it was writing is removed); "
-                     f"{where}; exit code {EXIT_PREEMPTED} (retryable); rerun the same command "
-                     f"to go on evaluating")
+                     f"{where_to_resume(checkpoint, 'no checkpoint yet')}; "
+                     f"{retry('to go on evaluating')}")
 
 
 def preempted_outside_training(checkpoint) -> Preempted:
-    where = f"the latest checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written"
-    return Preempted(f"SIGTERM outside a training step: {where}; exit code {EXIT_PREEMPTED} "
-                     f"(retryable); rerun the same command to resume")
+    return Preempted(f"SIGTERM outside a training step: {where_to_resume(checkpoint)}; "
+                     f"{retry('to resume')}")
 
 
 def exit_by_deadline(seconds: float, latest):
     """Exit 143 in `seconds` unless the process ends first (a daemon timer; `latest()` names
     the checkpoint a rerun resumes from)."""
     def give_up():
-        checkpoint = latest()
-        where = f"the latest checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written"
         sys.stderr.write(f"estimator-dist: preempted: SIGTERM: the step in flight did not end "
                          f"within {seconds:.0f} s (its peers may be gone); no final checkpoint; "
-                         f"{where}; exit code {EXIT_PREEMPTED} (retryable); rerun the same "
-                         f"command to resume\n")
+                         f"{where_to_resume(latest())}; {retry('to resume')}\n")
         sys.stderr.flush()
         os._exit(EXIT_PREEMPTED)  # noqa: SLF001 - threads blocked in TensorFlow never return
 
@@ -137,7 +139,6 @@ def exit_by_deadline(seconds: float, latest):
 
 def preempted_by_peers(step, error, latest) -> Preempted:
     """After SIGTERM the step failed, its peers gone (stopped by the same scheduler)."""
-    where = f"the latest checkpoint is {latest}" if latest else "no checkpoint was written"
     return Preempted(f"SIGTERM at step {step}: the step in flight failed ({error}), its peers "
-                     f"stopping too; no final checkpoint; {where}; exit code {EXIT_PREEMPTED} "
-                     f"(retryable); rerun the same command to resume")
+                     f"stopping too; no final checkpoint; {where_to_resume(latest)}; "
+                     f"{retry('to resume')}")

@@ -18,7 +18,8 @@ import time
 
 import tensorflow as tf
 
-from estimator_dist.errors import EXIT_PREEMPTED, Preempted
+from estimator_dist import preemption
+from estimator_dist.errors import Preempted
 
 VOTE_EVERY_S = 2.0
 FIRST_VOTE_STEPS = 10
@@ -106,9 +107,8 @@ def preempted(vote: VoteHook, role: str, model_dir: str) -> Preempted:
     if role == "chief":
         latest = tf.train.latest_checkpoint(model_dir)
         saved = (f"saved {latest}" if latest and latest.endswith(f"-{step}")
-                 else f"no final checkpoint; the latest checkpoint is {latest}")
+                 else f"no final checkpoint; {preemption.where_to_resume(latest)}")
     else:
         saved = f"the chief saved model.ckpt-{step} in {model_dir}"
     return Preempted(f"{who} at step {step}: every worker stopped there ({vote.signalled_workers} "
-                     f"got SIGTERM); {saved}; exit code {EXIT_PREEMPTED} (retryable); rerun the "
-                     f"same command to resume from it")
+                     f"got SIGTERM); {saved}; {preemption.retry('to resume from it')}")

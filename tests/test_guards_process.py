@@ -70,6 +70,31 @@ def start_and_signal(argv, sig, until_step):
     return proc.returncode, out, err
 
 
+def signal_when(argv, ready, what: str, sig=signal.SIGTERM):
+    """Start `argv`, wait until `ready()` while it runs, send `sig`: (exit code, stderr,
+    seconds from the signal to the exit)."""
+    proc = subprocess.Popen(argv, cwd=REPO, env=environment(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not ready():
+            assert proc.poll() is None, f"ended before {what}: {proc.communicate()}"
+            assert time.monotonic() < deadline, f"no {what} in time"
+            time.sleep(0.005)
+        signalled = time.monotonic()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=TIMEOUT)
+        return proc.returncode, err, time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def has_temp_export(base) -> bool:
+    return base.is_dir() and any(n.startswith("temp-") for n in os.listdir(base))
+
+
 def latest_step(model_dir):
     return int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
 
@@ -102,23 +127,8 @@ def test_sigterm_during_an_evaluation_between_steps_stops_it_and_exits_143(tmp_p
     model_dir, marker = tmp_path / "run", tmp_path / "evaluating"
     argv = train_argv(model_dir, "--train_steps", 100000, "--save_checkpoints_steps", 20,
                       "--eval_steps", 4, "--set", "eval_sleep=8", "--set", f"eval_marker={marker}")
-    proc = subprocess.Popen(argv, cwd=REPO, env=environment(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + TIMEOUT
-        while not marker.exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no evaluation in time"
-            time.sleep(0.1)
-        signalled = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=TIMEOUT)
-        waited = time.monotonic() - signalled
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == EXIT_PREEMPTED, err
+    code, err, waited = signal_when(argv, marker.exists, "an evaluation")
+    assert code == EXIT_PREEMPTED, err
     # The batch in flight (at most 8 s) ends, then the process; the 3 batches after it: 24 s.
     assert waited < 20, f"waited {waited:.1f} s: the evaluation ran on"
     step = latest_step(model_dir)
@@ -318,7 +328,6 @@ model_dir = sys.argv[1]
 try:
     with guards.TrainingGuard(model_dir, role="evaluator"):
         os.makedirs(os.path.join(model_dir, "export", "best", "temp-1795600000"))  # mid-export
-        print("exporting", flush=True)
         time.sleep(60)
 except Preempted as e:
     print(e, file=sys.stderr)
@@ -328,22 +337,14 @@ except Preempted as e:
 
 def test_sigterm_to_the_evaluator_removes_the_export_it_was_writing_and_exits_143(tmp_path):
     """It died at once, leaving a half-written export/best/temp-<timestamp> behind."""
-    proc = subprocess.Popen([sys.executable, "-c", EVALUATOR_EXPORTING, str(tmp_path)], cwd=REPO,
-                            env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        assert proc.stdout.readline() == "exporting\n", proc.stderr.read()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == EXIT_PREEMPTED, err
+    best = tmp_path / "export" / "best"
+    code, err, _ = signal_when([sys.executable, "-c", EVALUATOR_EXPORTING, str(tmp_path)],
+                               lambda: has_temp_export(best), "the export")
+    assert code == EXIT_PREEMPTED, err
     assert err.strip() == ("SIGTERM: the evaluator stopped (an export it was writing is removed); "
                            "no checkpoint yet; exit code 143 (retryable); rerun the same command "
                            "to go on evaluating")
-    assert os.listdir(tmp_path / "export" / "best") == []
+    assert os.listdir(best) == []
 
 
 def test_sigterm_during_the_export_command_removes_the_partial_export_and_exits_143(tmp_path):
@@ -352,23 +353,10 @@ def test_sigterm_during_the_export_command_removes_the_partial_export_and_exits_
     trained = run(train_argv(model_dir, "--train_steps", 5))
     assert trained.returncode == 0, trained.stderr
     manual = model_dir / "export" / "manual"
-    proc = subprocess.Popen([sys.executable, "-m", "estimator_dist", "export", "--import",
-                             "guard_models", "--model_dir", str(model_dir)], cwd=REPO,
-                            env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        deadline = time.monotonic() + TIMEOUT
-        while not (manual.is_dir() and any(n.startswith("temp-") for n in os.listdir(manual))):
-            assert proc.poll() is None, f"the export ended before it was seen: {proc.communicate()}"
-            assert time.monotonic() < deadline, "no export in time"
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == EXIT_PREEMPTED, err
+    argv = [sys.executable, "-m", "estimator_dist", "export", "--import", "guard_models",
+            "--model_dir", str(model_dir)]
+    code, err, _ = signal_when(argv, lambda: has_temp_export(manual), "the export")
+    assert code == EXIT_PREEMPTED, err
     assert err.strip() == ("estimator-dist: preempted: SIGTERM: 'export' stopped; anything it was "
                            "writing was removed; exit code 143 (retryable); rerun the same command")
     assert os.listdir(manual) == []

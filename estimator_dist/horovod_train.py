@@ -19,6 +19,7 @@ import inspect
 
 import tensorflow as tf
 
+from estimator_dist import memory
 from estimator_dist import numerics
 from estimator_dist import train_op as train_op_lib
 from estimator_dist.errors import UserError
@@ -50,6 +51,7 @@ def train_input_fn(fn, params, rank: int, size: int, input_name: str):
         if not isinstance(ds, tf.data.Dataset):
             raise UserError(f"input '{input_name}' returned {type(ds).__name__}; under --strategy "
                             f"horovod an input_fn must return a tf.data.Dataset")
+        memory.check_batch_fits(ds, params, input_name)
         if not takes_context(fn):  # it cannot shard itself: each rank takes every size-th batch
             ds = ds.shard(size, rank)
         return flagged(ds)

@@ -155,3 +155,54 @@ def variables_checked(limit: Optional[Tuple[int, str]] = None):
     if limit is not None:
         check_variables_fit(tf.compat.v1.global_variables() + tf.compat.v1.local_variables(),
                             limit)
+
+
+def example_bytes(element_spec) -> Optional[int]:
+    """Bytes of one example of a batched dataset's element (at least: an unknown dimension
+    counts 1, a string 0), or None if no component is a tensor batched along its first axis."""
+    total, batched = 0, False
+    for spec in tf.nest.flatten(element_spec):
+        if not isinstance(spec, tf.TensorSpec) or spec.shape.rank is None or spec.shape.rank < 1:
+            continue
+        batched = True
+        count = 1
+        for dim in spec.shape.as_list()[1:]:
+            count *= dim or 1
+        total += count * spec.dtype.size
+    return total if batched else None
+
+
+def _batch_dims(element_spec):
+    return {spec.shape.as_list()[0] for spec in tf.nest.flatten(element_spec)
+            if isinstance(spec, tf.TensorSpec) and spec.shape.rank}
+
+
+def check_batch_fits(data, params, input_name: str, limit: Optional[Tuple[int, str]] = None):
+    """UserError when one training batch of the dataset `data`, params["batch_size"]
+    examples, needs more bytes than `limit` (default memory_limit()): it can never be built.
+
+    For any input, a user's included, whose size is unknown: tf.data fills a repeated
+    dataset's batch from as many epochs as it takes, and --batch_size 100000000 of
+    64-float examples (26 GB) grew for minutes without a first step (measured). Skipped
+    for what is not a tf.data.Dataset, and for a dataset batched by another size than
+    params["batch_size"] (its first dimension fixed to that other size).
+    params["batch_size"] is one input_fn call's batch (per replica),
+    params["global_batch_size"] the --batch_size it came from.
+    """
+    batch = int(params.get("batch_size") or 0)
+    if not isinstance(data, tf.data.Dataset) or batch <= 0:
+        return
+    dims = _batch_dims(data.element_spec)
+    if dims and None not in dims and batch not in dims:
+        return
+    per_example = example_bytes(data.element_spec)
+    limit = limit or memory_limit()
+    if not per_example or limit is None or per_example * batch <= limit[0]:
+        return
+    global_batch = int(params.get("global_batch_size") or batch)
+    replicas = max(1, global_batch // batch)
+    given = str(global_batch) if replicas == 1 else f"{global_batch} ({batch} per replica)"
+    raise UserError(f"--batch_size {given}: one training batch of input '{input_name}' needs "
+                    f"{_size(per_example * batch)} ({per_example:,} bytes an example), more "
+                    f"than {limit[1]}, {_size(limit[0])}; use at most "
+                    f"{limit[0] // per_example * replicas:,}")

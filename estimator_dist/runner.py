@@ -456,7 +456,10 @@ def make_input_fn(p: Plan, mode):
         params = {**params, "batch_size": p.global_batch}
 
     def input_fn(input_context=None):
-        return fn(mode, params, input_context) if _takes_context(fn) else fn(mode, params)
+        data = fn(mode, params, input_context) if _takes_context(fn) else fn(mode, params)
+        if mode == tf.estimator.ModeKeys.TRAIN:
+            memory.check_batch_fits(data, params, p.input.name)
+        return data
 
     return input_fn
 

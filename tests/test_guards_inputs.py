@@ -17,6 +17,7 @@ import tensorflow as tf
 import guard_models  # noqa: F401 - registers guard_mlp
 from estimator_dist import cli
 from estimator_dist import launcher
+from estimator_dist import memory
 from estimator_dist.errors import UserError
 from estimator_dist.registry import INPUTS
 from input_fns import batch_limit
@@ -117,6 +118,46 @@ def test_a_training_batch_of_all_the_data_is_accepted(tmp_path, capsys):
                               capsys)
     assert code == 0, err
     assert "global batch 1438" in out and "done: step 1" in out
+
+
+HUGE = 10 ** 12  # 28 TB of guard_xy examples (6 floats and an int32 label each)
+
+
+@pytest.mark.parametrize("flags, batch", [
+    ([], HUGE), (["--strategy", "mirrored", "--num_devices", "2"], HUGE // 2),
+    (["--strategy", "horovod"], HUGE)])  # one rank outside a launcher
+def test_a_batch_that_cannot_fit_in_memory_is_refused_for_a_users_input(
+        flags, batch, tmp_path, capsys):
+    """guard_xy (a user's input: its size unknown, its dataset repeated) grew memory for
+    minutes without a first step; `--batch_size 100000000` of 260-byte examples was
+    killed after 45 s (measured)."""
+    model_dir = tmp_path / "run"
+    code, _, err = run_main(["train", "--model", "guard_mlp", "--batch_size", str(HUGE),
+                             *flags, "--model_dir", str(model_dir)], capsys)
+    given = str(HUGE) if batch == HUGE else f"{HUGE} ({batch} per replica)"
+    assert_one_line_error(code, err, f"--batch_size {given}: one training batch of input "
+                                     f"'guard_xy' needs ", "(28 bytes an example), more than ",
+                          "; use at most ")
+    assert not model_dir.exists()
+
+
+def test_batch_memory_check_counts_each_example_and_skips_what_it_cannot_size():
+    limit = (1000, "a 1000-byte limit")
+    images = tf.data.Dataset.from_tensors(
+        ({"x": tf.zeros([1, 4, 5]), "name": tf.constant(["a"])}, tf.zeros([1], tf.int64))
+    ).repeat().unbatch().batch(10)  # [None, 4, 5] float32, [None] string, [None] int64
+    memory.check_batch_fits(images, {"batch_size": 11}, "images", limit)  # 88 * 11 = 968
+    with pytest.raises(UserError, match=r"^--batch_size 24 \(12 per replica\): one training "
+                                        r"batch of input 'images' needs 1.0 KiB \(88 bytes an "
+                                        r"example\), more than a 1000-byte limit, 1000 B; use "
+                                        r"at most 22$"):
+        memory.check_batch_fits(images, {"batch_size": 12, "global_batch_size": 24}, "images",
+                                limit)
+    fixed = tf.data.Dataset.from_tensors(tf.zeros([10, 100]))  # batched by 10, not by 12
+    memory.check_batch_fits(fixed, {"batch_size": 12}, "fixed", limit)
+    with pytest.raises(UserError, match="needs 3.9 KiB"):
+        memory.check_batch_fits(fixed, {"batch_size": 10}, "fixed", limit)
+    memory.check_batch_fits((tf.zeros([12, 100]), None), {"batch_size": 12}, "tensors", limit)
 
 
 @pytest.mark.parametrize("examples,pipelines", [(10, 3), (1438, 3), (5, 8), (7, 1)])

@@ -44,7 +44,8 @@ def evaluations_without_improvement(values, higher: bool, min_delta: float) -> i
 
 def make_should_stop(eval_dir: str, metric: str, higher: bool, patience: int,
                      min_delta: float, say=print):
-    """A should_stop_fn for tf.estimator.experimental.make_early_stopping_hook."""
+    """A should_stop_fn for tf.estimator.experimental.make_early_stopping_hook; its `fired`
+    tells whether it stopped training."""
 
     def should_stop() -> bool:
         results = read_eval_metrics(eval_dir)
@@ -58,11 +59,13 @@ def make_should_stop(eval_dir: str, metric: str, higher: bool, patience: int,
         values = [float(results[s][metric]) for s in steps]
         stale = evaluations_without_improvement(values, higher, min_delta)
         if stale >= patience:
+            should_stop.fired = True
             say(f"early stop at step {steps[-1]}: {metric} has not improved by more than "
                 f"{min_delta} for {stale} evaluations")
             return True
         return False
 
+    should_stop.fired = False
     return should_stop
 
 
@@ -78,7 +81,7 @@ def make_hook(estimator, metric: str, higher: bool, patience: int, min_delta: fl
         hook = tf_early_stopping._StopOnPredicateHook(should_stop, None, every_steps)  # pylint: disable=protected-access
     else:
         hook = tf_early_stopping._CheckForStoppingHook()  # pylint: disable=protected-access
-    return UnsavedStopSignal(hook)
+    return UnsavedStopSignal(hook, should_stop)
 
 
 class UnsavedStopSignal(tf.compat.v1.train.SessionRunHook):
@@ -90,8 +93,14 @@ class UnsavedStopSignal(tf.compat.v1.train.SessionRunHook):
     a local variable: initialized (False) by every task's session, never saved.
     """
 
-    def __init__(self, hook):
+    def __init__(self, hook, should_stop=None):
         self._hook = hook
+        self._should_stop = should_stop
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether this task's early-stopping decision stopped training."""
+        return bool(getattr(self._should_stop, "fired", False))
 
     def begin(self):
         self._hook.begin()

@@ -720,6 +720,16 @@ def check_trained(p: Plan, start_step: Optional[int]):
                         f"return a non-empty dataset (repeat() it to train past one pass)")
 
 
+def input_end_note(p: Plan, hooks) -> Optional[str]:
+    """Training that ended before --train_steps with no early stop: the input ran out
+    (Estimator ends training at its input's end, and said nothing)."""
+    step, target = checkpoint_step(p.model_dir) or 0, p.config.train.train_steps
+    if step >= target or any(getattr(h, "stopped_early", False) for h in hooks):
+        return None
+    return (f"input '{p.input.name}' ran out at step {step} of --train_steps {target}, which "
+            f"ends training as Estimator does; repeat() its dataset to train all {target} steps")
+
+
 def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -> Dict[str, Any]:
     """Train (and evaluate, export) with the progress and guard hooks; report the result."""
     config = p.config
@@ -730,7 +740,8 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
                             bar_stream=sys.stdout if out is print and sys.stdout.isatty()
                             and p.writes_run_files else None,
                             summary_dir=p.model_dir if p.writes_run_files else None)
-    train_spec, eval_spec = build_specs(p, training_hooks(p, estimator, progress, say))
+    hooks = training_hooks(p, estimator, progress, say)
+    train_spec, eval_spec = build_specs(p, hooks)
     started = time.perf_counter()
     with guards.TrainingGuard(p.model_dir, config.distribute.accumulate_steps, p.role,
                               chief_saves_alone=config.distribute.strategy != "multi_worker_mirrored",
@@ -743,6 +754,10 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
                                         guard.attach_eval(eval_spec), say)
     if p.role == "local":
         check_trained(p, start_step)
+    if p.role in ("local", "chief") and not p.ranks:
+        note = input_end_note(p, hooks)
+        if note:
+            say(note)
     if p.role == "chief" and p.cluster:
         evaluator_lib.mark_end(p.model_dir, checkpoint_step(p.model_dir))
     if result and result[0] is None and p.writes_run_files and not p.cluster:

@@ -291,6 +291,13 @@ def no_batches(mode, params):
     return tf.data.Dataset.from_tensor_slices(({"image": x}, y)).batch(params["batch_size"])
 
 
+@ed.register_input("two_batches", prepare=lambda params: {"serving_features": SERVING})
+def two_batches(mode, params):
+    x = np.zeros((2 * params["batch_size"], 8, 8, 1), np.float32)
+    y = np.zeros((len(x),), np.int32)
+    return tf.data.Dataset.from_tensor_slices(({"image": x}, y)).batch(params["batch_size"])
+
+
 @ed.register_model("returns_none")
 def returns_none(features, labels, mode, params):
     return None
@@ -337,6 +344,22 @@ def test_what_a_users_module_gets_wrong_is_one_line(flags, code, message, tmp_pa
     assert got == code and err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith(f"estimator-dist: error: {message}"), err
     assert "no_batches" in flags or code == 1 or not model_dir.exists()
+
+
+def test_an_input_that_runs_out_before_train_steps_is_said(tmp_path, monkeypatch, capsys):
+    """Estimator ends training at its input's end: "done: step 2" was all it said."""
+    (tmp_path / "users_module.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run_main(["train", "--import", "users_module", "--input", "two_batches",
+                               "--train_steps", "5", "--export", "none",
+                               "--model_dir", str(tmp_path / "run")], capsys)
+    assert code == 0, err
+    assert "input 'two_batches' ran out at step 2 of --train_steps 5, which ends training as " \
+           "Estimator does; repeat() its dataset to train all 5 steps\ndone: step 2" in out, out
+    code, out, err = run_main(["train", "--import", "users_module", "--input", "two_batches",
+                               "--train_steps", "2", "--export", "none",
+                               "--model_dir", str(tmp_path / "run2")], capsys)
+    assert code == 0 and "ran out" not in out and "done: step 2" in out, out + err
 
 
 def test_an_import_that_calls_sys_exit_is_one_line(tmp_path, monkeypatch, capsys):

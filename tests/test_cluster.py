@@ -293,6 +293,7 @@ def test_early_stop_in_a_cluster_stops_every_task_and_exports(tmp_path):
               timeout=400)
     assert run.wait() == 0, run.text
     assert "[chief:0] early stop at step" in run.text
+    assert "ran out at step" not in run.text
     assert "[evaluator:0] training ended at step" in run.text
     assert checkpoint_steps(model_dir)[-1] < 20000 and final_export(model_dir), run.text
 

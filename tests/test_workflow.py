@@ -43,6 +43,7 @@ def test_early_stop_on_plateau_stops_before_target_and_evaluates_at_end(tmp_path
                     early_stop="loss", patience=2, overrides=("learning_rate=0.0",))
     assert summary["global_step"] < 100, summary["global_step"]
     assert any(line.startswith("early stop at step") for line in lines), lines
+    assert not any("ran out" in line for line in lines), lines  # an early stop, not the input
     assert max(eval_results(tmp_path)) == summary["global_step"]  # evaluated at the end
 
 

@@ -35,6 +35,8 @@ def saved_config(model_dir: str, **flags):
     resolved = data.pop("resolved", {})
     runner.import_user_modules(data.get("imports") or ())
     entry = MODELS.get(data.get("model", ""))
+    # --summary_json is training's: its path need not be writable now.
+    data.get("train", {}).pop("summary_json", None)
     flags = {"strategy": "none", "num_devices": 1, "model_dir": model_dir, **flags}
     config = config_lib.build_config(data["model"], data, flags, {}, entry.hparams, (),
                                      tuple(data.get("imports") or ()))
@@ -67,7 +69,7 @@ def predict(args):
     from estimator_dist import predict as predict_lib
 
     if args.output:
-        predict_lib.check_output_path(args.output)
+        predict_lib.check_output_path(args.output, args.input_path)
 
     frame = predict_lib.predict_file(args.saved_model, args.input_path, args.batch_size)
     if args.output:

@@ -122,6 +122,7 @@ def flag_names() -> Dict[str, str]:
 
 
 def _unknown_key(key, valid, where):
+    key = str(key)  # YAML keys may be numbers (`5: 6`)
     close = difflib.get_close_matches(key, valid, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return UserError(f"the key '{key}' does not exist in {where}; valid keys: "
@@ -216,6 +217,9 @@ def load_yaml(path: str) -> Dict[str, Any]:
                 loader.dispose()
     except _DuplicateKey as e:
         raise UserError(f"config file '{path}' {e}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"config file '{path}' is not UTF-8 text (byte {e.start}); give a "
+                        f"YAML file") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -478,13 +482,7 @@ def _validate_paths(t: "TrainConfig"):
             raise UserError(f"--model_dir {t.model_dir}: {blocker} is a file, not a directory; "
                             f"give a directory path (it is created if missing)")
     if t.summary_json:
-        parent = os.path.dirname(os.path.abspath(t.summary_json))
-        if os.path.isdir(t.summary_json):
-            raise UserError(f"--summary_json {t.summary_json}: is a directory; give a file path "
-                            f"such as {os.path.join(t.summary_json, 'summary.json')}")
-        if not os.path.isdir(parent):
-            raise UserError(f"--summary_json {t.summary_json}: its directory {parent} does not "
-                            f"exist; create it or give another path")
+        files.check_output_file("--summary_json", t.summary_json, "summary.json")
 
 
 def _existing_ancestor(path: str) -> str:

@@ -12,9 +12,10 @@ import contextlib
 import errno
 import os
 import re
+import tempfile
 from typing import Callable, List, Optional
 
-from estimator_dist.errors import StorageError
+from estimator_dist.errors import StorageError, UserError
 
 # How the OS errors of a full disk read, also once TensorFlow has turned them into OpErrors.
 REASONS = {"File too large": "a file hit the file-size limit (RLIMIT_FSIZE / ulimit -f)",
@@ -51,6 +52,25 @@ def storage_error(error: BaseException, what: str, kept: str) -> StorageError:
     return StorageError(f"{what} failed: {REASONS.get(reason, reason)} ({reason}"
                         f"{': ' + where if where else ''}); {kept}; free space (or raise the "
                         f"limit) and rerun")
+
+
+def check_output_file(flag: str, path: str, default_name: str):
+    """Refuse an output file path (`flag` names it) that write_file could not write, before
+    any work (the write's own errors came after it, naming the temp file or no file)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UserError(f"{flag} {path}: is a directory; give a file path such as "
+                        f"{os.path.join(path, default_name)}")
+    if not os.path.isdir(parent):
+        raise UserError(f"{flag} {path}: its directory {parent} does not exist; create it or "
+                        f"give another path")
+    try:  # what the write will do: create a file next to `path`, then rename it
+        fd, probe = tempfile.mkstemp(prefix=".estimator-dist-probe-", dir=parent)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot create a file in {parent} ({e.strerror or e}); "
+                        f"give a path in a directory you can write to") from None
 
 
 def write_file(path: str, write: Callable[[str], None], temp_suffix: str = ".tmp"):

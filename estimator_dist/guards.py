@@ -34,7 +34,10 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
 
     Steps are counted from the restored global step, one per `runs_per_step`
     session runs (--accumulate_steps; see accumulate.AccumulateHook), so the step
-    a failing run was computing is `step + 1` with no extra fetch per run.
+    a failing run was computing is `step + 1` with no extra fetch per run. A stop
+    request ends training after the current session run, mid-update too: the
+    update's partial sums (local, never saved) are dropped rather than waited for
+    (--accumulate_steps 100000 ignored SIGTERM for minutes).
     """
 
     def __init__(self, model_dir: str, runs_per_step: int = 1, saves_on_stop: bool = True):
@@ -68,8 +71,8 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
         self._runs += 1
         if self._runs % self._runs_per_step == 0:
             self.step += 1
-            if self.stop_requested and self._saves_on_stop:
-                raise self._preempt(run_context.session)
+        if self.stop_requested and self._saves_on_stop:
+            raise self._preempt(run_context.session)
 
     def end(self, session):
         self.active = False

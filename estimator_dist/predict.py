@@ -1,7 +1,6 @@
 """Run a SavedModel's serving_default signature on a CSV or .npy file; results as a DataFrame."""
 import os
 import re
-import tempfile
 from typing import Dict
 
 import numpy as np
@@ -11,6 +10,7 @@ import tensorflow as tf
 from estimator_dist import csv_rows
 from estimator_dist import export as export_lib
 from estimator_dist import errors
+from estimator_dist import files
 from estimator_dist.errors import UserError
 
 SIGNATURE = "serving_default"
@@ -262,23 +262,14 @@ def model_dir_of(saved_model: str) -> str:
     return "MODEL_DIR"
 
 
-def check_output_path(path: str):
-    """Refuse a --output that cannot be written, before the model runs (the write's own
-    errors named the temp file or, from pandas, no file at all)."""
-    parent = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise UserError(f"--output {path}: is a directory; give a file path such as "
-                        f"{os.path.join(path, 'predictions.csv')}")
-    if not os.path.isdir(parent):
-        raise UserError(f"--output {path}: its directory {parent} does not exist; create it or "
-                        f"give another path")
-    try:  # what the write will do: create a file next to `path`, then rename it
-        fd, probe = tempfile.mkstemp(prefix=".estimator-dist-probe-", dir=parent)
-        os.close(fd)
-        os.remove(probe)
-    except OSError as e:
-        raise UserError(f"--output {path}: cannot create a file in {parent} ({e.strerror or e}); "
-                        f"give a path in a directory you can write to") from None
+def check_output_path(path: str, input_path: str = ""):
+    """Refuse a --output that cannot be written, or that is the --input file (the input was
+    replaced by its predictions), before the model runs."""
+    files.check_output_file("--output", path, "predictions.csv")
+    if input_path and os.path.exists(path) and os.path.exists(input_path) and \
+            os.path.samefile(path, input_path):
+        raise UserError(f"--output {path}: is the --input file, which it would replace; give "
+                        f"another path")
 
 
 def to_frame(outputs: Dict[str, np.ndarray]) -> pd.DataFrame:

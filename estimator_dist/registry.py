@@ -23,6 +23,12 @@ INPUT_FN_ARGS = ("mode", "params", "input_context")
 DATA_FLAGS = {"data_dir": "", "data_path": "", "label_column": "", "synthetic": False,
               "reader_nice": NO_READER_NICE}
 
+# What the run itself puts into params beside the hparams (runner.Plan.params): an hparam
+# of one of these names would be silently replaced.
+RUN_PARAMS = ("batch_size", "global_batch_size", "num_replicas", "lr_scale", "train_steps",
+              "seed") + tuple(DATA_FLAGS)
+PLAIN_TYPES = (bool, int, float, str, type(None))
+
 
 def snake_case(name: str) -> str:
     """CamelCase or mixed names -> snake_case, the default registry key."""
@@ -119,8 +125,31 @@ def register_model(name=None, hparams=None, default_input=None, run_defaults=Non
       run_defaults: this model's defaults for run settings such as batch_size and
         train_steps; a config file or flag still wins.
     """
-    return MODELS.register(name, hparams=dict(hparams or {}), default_input=default_input,
-                           run_defaults=dict(run_defaults or {}))
+    hparams = dict(hparams or {})
+    register = MODELS.register(name, hparams=hparams, default_input=default_input,
+                               run_defaults=dict(run_defaults or {}))
+
+    def decorator(fn):
+        check_hparams(name or snake_case(fn.__name__), hparams)
+        return register(fn)
+
+    return decorator
+
+
+def check_hparams(model: str, hparams: Mapping[str, Any]):
+    """Refuse hparams the run would silently replace (RUN_PARAMS) or could not save into
+    config.yaml (anything but numbers, strings, booleans, None, and lists of them)."""
+    clash = sorted(k for k in hparams if k in RUN_PARAMS)
+    if clash:
+        raise UserError(f"model '{model}': an hparam may not be named {', '.join(clash)}: "
+                        f"the run puts its own setting of that name into params, replacing "
+                        f"it; rename it, or set a run default with register_model(run_defaults=...)")
+    for key, value in hparams.items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if not isinstance(key, str) or not all(isinstance(v, PLAIN_TYPES) for v in values):
+            raise UserError(f"model '{model}': hparam {key!r} = {value!r:.60} is not a plain "
+                            f"value; hparams are numbers, strings, booleans, None or lists of "
+                            f"them (saved in config.yaml, set with --set)")
 
 
 def register_input(name=None, prepare=None, data_flags=None):

@@ -40,7 +40,8 @@ from estimator_dist import saver_hook
 from estimator_dist import strategies
 from estimator_dist import towers
 from estimator_dist import xla
-from estimator_dist.errors import OutOfMemory, ReportedError, UserError, first_line
+from estimator_dist.errors import (OutOfMemory, ReportedError, TrainingFailed, UserError,
+                                   first_line, op_error_line)
 from estimator_dist.hooks import ProgressHook
 from estimator_dist.registry import INPUTS, MODELS, Entry, check_data_flags
 
@@ -449,19 +450,54 @@ def build_estimator(p: Plan, run_config, warm_start=None) -> tf.estimator.Estima
 
 def make_input_fn(p: Plan, mode):
     params = p.params()
-    fn = p.input.fn
+    fn = checked_input(p.input.fn, p.input.name, p.config.train.eval_steps)
+    takes_context = _takes_context(fn)
     if p.ranks and mode == tf.estimator.ModeKeys.TRAIN:
         return horovod_train.train_input_fn(fn, params, p.ranks.rank, p.ranks.size, p.input.name)
     if p.ranks:  # rank 0 evaluates alone, on one device: --eval_steps counts global batches
         params = {**params, "batch_size": p.global_batch}
 
     def input_fn(input_context=None):
-        data = fn(mode, params, input_context) if _takes_context(fn) else fn(mode, params)
+        data = fn(mode, params, input_context) if takes_context else fn(mode, params)
         if mode == tf.estimator.ModeKeys.TRAIN:
             memory.check_batch_fits(data, params, p.input.name)
         return data
 
     return input_fn
+
+
+def checked_input(fn, name: str, eval_steps: int):
+    """The registered input_fn (same signature), its failures one line, its result checked
+    (check_input_result)."""
+    def call(mode, params, *context):
+        data = users_code(lambda: fn(mode, params, *context),
+                          f"input '{name}' failed in its {mode} call",
+                          "fix its input_fn (it returns a tf.data.Dataset of (features, labels))")
+        check_input_result(data, name, mode, eval_steps)
+        return data
+
+    if _takes_context(fn):
+        return lambda mode, params, input_context=None: call(mode, params, input_context)
+    return lambda mode, params: call(mode, params)
+
+
+def check_input_result(data, name: str, mode, eval_steps: int):
+    """What Estimator would fail on with a traceback, or hang on, as one line: elements that
+    are not (features, labels) pairs; an evaluation of the whole eval set (--eval_steps 0)
+    from tensors that never end (no tf.data.Dataset and no queue runner to end them)."""
+    spec = data.element_spec if isinstance(data, tf.data.Dataset) else data
+    if isinstance(spec, (tuple, list)) and len(spec) != 2:
+        what = (f"a tf.data.Dataset of {len(spec)}-item {type(spec).__name__}s"
+                if isinstance(data, tf.data.Dataset) else
+                f"a {type(spec).__name__} of {len(spec)} items")
+        raise UserError(f"input '{name}' returned {what} from its {mode} call; an input_fn "
+                        f"returns (features, labels) pairs, features a dict of tensors")
+    if mode == tf.estimator.ModeKeys.EVAL and not eval_steps and \
+            not isinstance(data, tf.data.Dataset) and \
+            not tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
+        raise UserError(f"input '{name}' returned tensors, not a tf.data.Dataset, from its "
+                        f"eval call: with --eval_steps 0 (the whole eval set) the evaluation "
+                        f"would never end; return a tf.data.Dataset, or give --eval_steps N")
 
 
 def _takes_context(fn) -> bool:
@@ -824,9 +860,16 @@ def evaluate(config: config_lib.Config, checkpoint: str = "") -> Dict[str, Any]:
     p = plan(config)
     path = restorable_checkpoint(p, checkpoint)
     estimator = single_device_estimator(p)
-    metrics = estimator.evaluate(make_input_fn(p, tf.estimator.ModeKeys.EVAL),
-                                 steps=config.train.eval_steps or None, checkpoint_path=path,
-                                 name="cli")
+    try:
+        metrics = estimator.evaluate(make_input_fn(p, tf.estimator.ModeKeys.EVAL),
+                                     steps=config.train.eval_steps or None, checkpoint_path=path,
+                                     name="cli")
+    except tf.errors.OpError as e:
+        if not quiet.is_quiet():
+            raise
+        raise TrainingFailed(f"evaluating {path} failed: {op_error_line(e)} "
+                             f"({type(e).__name__}); check the input's labels and features "
+                             f"against the model; --verbose shows TensorFlow's traceback") from None
     return {k: plain(v) for k, v in metrics.items()}
 
 

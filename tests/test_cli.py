@@ -54,6 +54,8 @@ BAD = [
     (["--set", "optimizer=adamw"], "optimizer 'adamw' is not one of sgd, momentum, adam, rmsprop"),
     (["--summary_json", "/"], "--summary_json /: is a directory; give a file path"),
     (["--summary_json", "/no/such/dir/s.json"], "--summary_json /no/such/dir/s.json: its directory"),
+    # Found only after training (it named the internal '.tmp' file).
+    (["--summary_json", "/proc/s.json"], "--summary_json /proc/s.json: cannot create a file in /proc"),
     # Data flags the input does not read were silently ignored.
     (["--data_path", "x.csv"], "--data_path 'x.csv': input 'digits' does not read it (it reads "
                                "only --synthetic); drop it, or use --input tabular"),
@@ -298,6 +300,38 @@ def two_batches(mode, params):
     return tf.data.Dataset.from_tensor_slices(({"image": x}, y)).batch(params["batch_size"])
 
 
+@ed.register_input("raises_in_input", prepare=lambda params: {"serving_features": SERVING})
+def raises_in_input(mode, params):
+    raise RuntimeError("boom in input")
+
+
+@ed.register_input("triples", prepare=lambda params: {"serving_features": SERVING})
+def triples(mode, params):
+    x, y = np.zeros((64, 8, 8, 1), np.float32), np.zeros((64,), np.int32)
+    return tf.data.Dataset.from_tensor_slices(({"image": x}, y, y)).repeat().batch(8)
+
+
+@ed.register_input("returns_list", prepare=lambda params: {"serving_features": SERVING})
+def returns_list(mode, params):
+    return [1, 2, 3]
+
+
+@ed.register_input("eval_tensors", prepare=lambda params: {"serving_features": SERVING})
+def eval_tensors(mode, params):
+    x, y = np.zeros((8, 8, 8, 1), np.float32), np.zeros((8,), np.int32)
+    if mode == tf.estimator.ModeKeys.TRAIN:
+        return tf.data.Dataset.from_tensors(({"image": x}, y)).repeat()
+    return {"image": tf.constant(x)}, tf.constant(y)
+
+
+@ed.register_model("eval_crash", default_input="digits")
+def eval_crash(features, labels, mode, params):
+    logits = tf.compat.v1.layers.dense(tf.compat.v1.layers.flatten(features["image"]), 10)
+    if mode == tf.estimator.ModeKeys.EVAL:
+        logits = tf.reshape(logits, [-1, 3])  # fails when it runs, not when it is built
+    return ed.classification_spec(logits, labels, mode, params)
+
+
 @ed.register_model("returns_none")
 def returns_none(features, labels, mode, params):
     return None
@@ -327,6 +361,16 @@ def raises_runtime(features, labels, mode, params):
      "model 'raises_runtime' could not build its train graph: RuntimeError: boom in model_fn"),
     (["--input", "labels_12"], 1, "training failed at step 1: Received a label value of 12 "
                                   "which is outside the valid range of [0, 10)."),
+    # Tracebacks from Estimator before (and for eval_tensors an evaluation that never ended).
+    (["--input", "raises_in_input"], 2, "input 'raises_in_input' failed in its train call: "
+                                        "RuntimeError: boom in input; fix its input_fn"),
+    (["--input", "triples"], 2, "input 'triples' returned a tf.data.Dataset of 3-item tuples from "
+                                "its train call; an input_fn returns (features, labels) pairs"),
+    (["--input", "returns_list"], 2, "input 'returns_list' returned a list of 3 items from its "
+                                     "train call"),
+    (["--input", "eval_tensors"], 2, "input 'eval_tensors' returned tensors, not a tf.data.Dataset, "
+                                     "from its eval call: with --eval_steps 0 (the whole eval set) "
+                                     "the evaluation would never end"),
     # "done: step 0", exit 0 before.
     (["--input", "no_batches"], 2, "input 'no_batches' gave no training batch: the run ended at "
                                    "step 0 of --train_steps 3; its input_fn must return a "
@@ -343,7 +387,8 @@ def test_what_a_users_module_gets_wrong_is_one_line(flags, code, message, tmp_pa
                             "--model_dir", str(model_dir)] + flags, capsys)
     assert got == code and err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith(f"estimator-dist: error: {message}"), err
-    assert "no_batches" in flags or code == 1 or not model_dir.exists()
+    assert "no_batches" in flags or "eval_tensors" in flags or code == 1 or \
+        not model_dir.exists()
 
 
 def test_an_input_that_runs_out_before_train_steps_is_said(tmp_path, monkeypatch, capsys):
@@ -360,6 +405,20 @@ def test_an_input_that_runs_out_before_train_steps_is_said(tmp_path, monkeypatch
                                "--train_steps", "2", "--export", "none",
                                "--model_dir", str(tmp_path / "run2")], capsys)
     assert code == 0 and "ran out" not in out and "done: step 2" in out, out + err
+
+
+def test_evaluate_that_fails_when_it_runs_is_one_line(tmp_path, monkeypatch, capsys):
+    """`evaluate` printed two chained TensorFlow tracebacks."""
+    (tmp_path / "users_module.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model_dir = str(tmp_path / "run")
+    code, _, err = run_main(["train", "--import", "users_module", "--model", "eval_crash",
+                             "--train_steps", "2", "--model_dir", model_dir], capsys)
+    assert code == 1 and "Input to reshape is a tensor with" in err, err
+    code, _, err = run_main(["evaluate", "--model_dir", model_dir], capsys)
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"estimator-dist: error: evaluating {model_dir}/model.ckpt-2 failed: "
+                          f"Input to reshape is a tensor with "), err
 
 
 def test_an_import_that_calls_sys_exit_is_one_line(tmp_path, monkeypatch, capsys):

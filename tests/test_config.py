@@ -74,6 +74,17 @@ def test_bad_yaml_names_file_and_line(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(UserError, match="must hold a mapping"):
         config_lib.load_yaml(str(tmp_path / "list.yaml"))
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe garbage")  # a UnicodeDecodeError traceback
+    with pytest.raises(UserError, match=r"^config file '.*binary.yaml' is not UTF-8 text \(byte 0\)"):
+        config_lib.load_yaml(str(tmp_path / "binary.yaml"))
+
+
+def test_a_number_as_a_key_is_an_unknown_key():
+    """A TypeError traceback from difflib before."""
+    with pytest.raises(UserError, match="^the key '1' does not exist in config file; valid keys"):
+        build({1: 2})
+    with pytest.raises(UserError, match="^the key '5' does not exist in config file section 'train'"):
+        build({"train": {5: 6}})
 
 
 @pytest.mark.parametrize("flags,message", [

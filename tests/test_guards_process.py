@@ -121,6 +121,18 @@ def test_sigterm_writes_a_final_checkpoint_exits_143_and_resumes(tmp_path):
     assert_resumes(tmp_path, step)
 
 
+def test_sigterm_mid_update_of_accumulate_steps_stops_without_waiting_for_it(tmp_path):
+    """An update of 10^6 micro-batches takes minutes; SIGTERM waited for it to end."""
+    first = tmp_path / "model.ckpt-0.index"
+    code, err, seconds = signal_when(
+        train_argv(tmp_path, "--train_steps", 5, "--accumulate_steps", 1000000,
+                   "--export", "none"),
+        lambda: first.exists() and time.sleep(2) is None, "the first checkpoint")
+    assert code == EXIT_PREEMPTED and seconds < 30, (code, seconds, err)
+    assert err.startswith("estimator-dist: preempted: SIGTERM at step 0: "), err
+    assert_resumes(tmp_path, 0)
+
+
 def test_sigterm_during_an_evaluation_between_steps_stops_it_and_exits_143(tmp_path):
     """Estimator evaluates right after a checkpoint save, inside the training step's hooks:
     the evaluation (4 batches x 8 s here) is cut short before its next batch."""

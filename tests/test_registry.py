@@ -1,4 +1,6 @@
 """Registry: decorator registration, signature checks, duplicates, helpful misses."""
+import re
+
 import pytest
 
 from estimator_dist.errors import UserError
@@ -130,3 +132,30 @@ def test_reader_nice_given_is_refused_by_an_input_without_reader_threads(nice, m
         check_data_flags(no_threads, dict(settings, reader_nice=nice))
     assert str(e.value) == (f"--reader_nice {nice}: input 'no_threads' does not read it (it reads "
                             f"only --synthetic); drop it, or use --input threads")
+
+
+@pytest.mark.parametrize("hparams, message", [
+    # The run's batch_size silently replaced it, and --set batch_size=5 did nothing.
+    ({"batch_size": 3}, "model 'bad_hparams': an hparam may not be named batch_size: the run "
+                        "puts its own setting of that name into params"),
+    # A traceback from YAML when config.yaml was written, leaving an empty model_dir.
+    ({"fn": object()}, "model 'bad_hparams': hparam 'fn' = <object object at "),
+    ({"nested": {"a": 1}}, "model 'bad_hparams': hparam 'nested' = {'a': 1} is not a plain value"),
+])
+def test_hparams_the_run_would_replace_or_cannot_save_are_refused(hparams, message):
+    with pytest.raises(UserError, match=f"^{re.escape(message)}"):
+        registry.register_model("bad_hparams", hparams=hparams)(lambda features, params: None)
+    assert "bad_hparams" not in MODELS.names()
+    registry.register_model("fine_hparams", hparams={"units": [8, 4], "name": None})(
+        lambda features, params: None)
+    assert "fine_hparams" in MODELS.names()
+    MODELS._entries.pop("fine_hparams")
+
+
+def test_run_params_are_what_the_run_puts_into_params():
+    from estimator_dist import runner
+    from conftest import make_config
+
+    p = runner.plan(make_config("digits"))
+    meta = set(p.input_meta)  # what the input's prepare() adds (eval_examples for digits)
+    assert set(p.params()) - set(p.config.hparams) - meta == set(registry.RUN_PARAMS)

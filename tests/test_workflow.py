@@ -335,6 +335,12 @@ def test_check_output_path_refuses_before_the_model_runs(tmp_path):
             predict.check_output_path(path)
     predict.check_output_path(str(tmp_path / "ok.csv"))
     assert os.listdir(tmp_path) == []
+    data = tmp_path / "x.csv"  # it was replaced by its predictions
+    data.write_text("x\n1\n")
+    with pytest.raises(UserError, match=f"^--output {re.escape(str(tmp_path))}/./x.csv: is the "
+                                        f"--input file, which it would replace; give another path$"):
+        predict.check_output_path(os.path.join(str(tmp_path), ".", "x.csv"), str(data))
+    predict.check_output_path(str(tmp_path / "y.csv"), str(data))
 
 
 def test_predict_file_reports_a_failing_signature_in_one_line(tmp_path):

@@ -314,14 +314,42 @@ def _items(flag: str, text: str) -> tuple:
     return items
 
 
+MAX_ROUNDS = 100  # a round of the full bench takes minutes
+# What a bench run writes into --output_dir; work/ and logs/ are replaced by each run.
+OUTPUTS = ("bench.csv", "targets.csv", "bench.json", "bench.png", "work", "logs")
+WORK_ENTRIES = ("model_dirs", "specs", "cifar10")
+
+
 def check_options(options: Options):
-    if options.rounds < 1:
-        raise UserError(f"--rounds {options.rounds}: must be >= 1")
+    if not 1 <= options.rounds <= MAX_ROUNDS:
+        raise UserError(f"--rounds {options.rounds}: must be 1-{MAX_ROUNDS}")
     unknown = [m for m in options.models if m not in MODELS]
     if unknown or not options.models:
         raise UserError(f"--models {','.join(options.models)}: choose from {', '.join(MODELS)}")
-    if options.case_timeout <= 0:
-        raise UserError(f"--case_timeout {options.case_timeout}: must be > 0")
+    if not 0 < options.case_timeout < float("inf"):  # NaN fails too
+        raise UserError(f"--case_timeout {options.case_timeout}: must be a number of seconds > 0")
+    check_output_dir(options.output_dir)
+
+
+def check_output_dir(out: str):
+    """--output_dir may hold only a bench run's outputs: each run replaces its work/ and
+    logs/ (a user's files in them were deleted)."""
+    if not os.path.isdir(out):
+        if os.path.exists(out):
+            raise UserError(f"--output_dir {out}: is a file; give a directory")
+        return
+    foreign = sorted(n for n in os.listdir(out) if n not in OUTPUTS)
+    logs = os.path.join(out, "logs")
+    if os.path.isdir(logs):
+        foreign += [os.path.join("logs", n) for n in sorted(os.listdir(logs))
+                    if not n.endswith(".log")]
+    work = os.path.join(out, "work")
+    if os.path.isdir(work):
+        foreign += [os.path.join("work", n) for n in sorted(os.listdir(work))
+                    if n not in WORK_ENTRIES]
+    if foreign:
+        raise UserError(f"--output_dir {out}: holds {', '.join(foreign[:3])}, which a bench run "
+                        f"did not write; give an empty directory or an earlier bench's")
 
 
 def selected_cases(options: Options) -> List[Case]:

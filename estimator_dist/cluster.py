@@ -6,8 +6,10 @@ tasks hand to TensorFlow (MultiWorkerMirroredStrategy would otherwise count it),
 and the evaluator itself runs without a strategy. Kubeflow's TFJob operator puts
 every replica type, the evaluator included, into `cluster`; both forms work.
 """
+import errno
 import json
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional
 
@@ -17,6 +19,7 @@ TF_CONFIG = "TF_CONFIG"
 ROLES = ("chief", "worker", "ps", "evaluator")
 CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 NOTE = " (TF_CONFIG environment variable)"
+RPC_LAYERS = ("grpc",)
 
 
 @dataclass(frozen=True)
@@ -76,11 +79,26 @@ def _addresses(cluster) -> Dict[str, List[str]]:
         if name in out:
             _fail("cluster", cluster, "has both 'chief' and 'master'; give one chief")
         if isinstance(addresses, dict):  # TF accepts sparse {index: address}
+            if not all(isinstance(k, str) and k.isdigit() for k in addresses):
+                _fail(f"cluster['{task_type}']", addresses,
+                      "as a mapping must map task indices ('0', '1', ...) to 'host:port'")
             addresses = [addresses[k] for k in sorted(addresses, key=int)]
-        if not isinstance(addresses, list) or not all(isinstance(a, str) and ":" in a for a in addresses):
+        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
             _fail(f"cluster['{task_type}']", addresses, "must be a list of 'host:port' strings")
+        for address in addresses:
+            _check_address(task_type, address)
         out[name] = list(addresses)
     return out
+
+
+def _check_address(task_type: str, address: str):
+    """'host:port' with a host and a port of 1-65535 (TensorFlow's server hung on port 0 or
+    an empty host, ignoring SIGTERM, and failed with a traceback on a port it could not parse)."""
+    host, _, port = address.rpartition(":")
+    if not host or any(c.isspace() for c in host) or not port.isdigit() or \
+            not 1 <= int(port) <= 65535:
+        _fail(f"address in cluster['{task_type}']", address,
+              "must be 'host:port' with a host and a port of 1-65535, e.g. '10.0.0.2:2222'")
 
 
 def parse(text: str) -> ClusterSpec:
@@ -90,6 +108,9 @@ def parse(text: str) -> ClusterSpec:
     except json.JSONDecodeError as e:
         raise UserError(f"TF_CONFIG is not valid JSON ({e.msg} at line {e.lineno} column "
                         f"{e.colno}){NOTE}") from None
+    except RecursionError:
+        raise UserError(f"TF_CONFIG nests its JSON too deeply to read; give an object with "
+                        f"'cluster' and 'task'{NOTE}") from None
     if not isinstance(data, dict):
         _fail("", data, "must be a JSON object with 'cluster' and 'task'")
     cluster = _addresses(data.get("cluster"))
@@ -116,6 +137,9 @@ def parse(text: str) -> ClusterSpec:
         _fail(f"task index {index} for type", task_type,
               f"is out of range: the cluster has {in_cluster} {task_type} task(s)")
     extra = {k: v for k, v in data.items() if k not in ("cluster", "task")}
+    if extra.get("rpc_layer", "grpc") not in RPC_LAYERS:
+        _fail("rpc_layer", extra["rpc_layer"], f"must be one of {', '.join(RPC_LAYERS)} (the "
+                                               f"only one TensorFlow 2.15 has), or left out")
     return ClusterSpec(cluster=cluster, task_type=task_type, task_index=index, extra=extra)
 
 
@@ -162,6 +186,26 @@ def from_env(strategy: str, environ=os.environ) -> Optional[ClusterSpec]:
     spec = parse(text)
     check_strategy(spec, strategy)
     return spec
+
+
+def check_own_port(spec: ClusterSpec):
+    """Refuse a task whose TF_CONFIG port another process holds, before TensorFlow's server
+    tries it (it failed with a traceback, or "training failed", and gRPC's own log line).
+    The evaluator runs no server."""
+    if spec.task_type == "evaluator":
+        return
+    address = spec.cluster[spec.task_type][spec.task_index]
+    port = int(address.rpartition(":")[2])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+        try:
+            probe.bind(("", port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return  # e.g. no IPv4 here: left to TensorFlow
+            raise UserError(f"TF_CONFIG task {spec.task_type}:{spec.task_index}: its port {port} "
+                            f"({address}) is held by another process; stop it, or give this "
+                            f"task a free port in TF_CONFIG's cluster") from None
 
 
 def apply(spec: ClusterSpec, environ=os.environ):

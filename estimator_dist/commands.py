@@ -149,6 +149,8 @@ def cluster(args):
 def tfjob(args):
     from estimator_dist import tfjob as tfjob_lib
 
+    if args.output:
+        files.check_output_file("--output", args.output, "tfjob.yaml")
     train_args, config = checked_train_args(args)
     tfjob_lib.check_shared_model_dir(config.train.model_dir, args.pvc, args.mount_path)
     job = tfjob_lib.manifest(args.name, args.image, train_args, args.workers, args.ps,

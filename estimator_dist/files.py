@@ -75,10 +75,15 @@ def check_output_file(flag: str, path: str, default_name: str):
 
 def write_file(path: str, write: Callable[[str], None], temp_suffix: str = ".tmp"):
     """`write(temp_path)` then rename it to `path`: `path` is whole or as it was before.
+    A symlink's target is written (the link kept); a device or pipe is written directly.
 
     On any failure the temp file is removed; a full disk (see REASONS) raises
     StorageError. `temp_suffix` keeps an extension some writers need (".tmp.png").
     """
+    path = os.path.realpath(path)  # through a symlink: the link stays, its target is replaced
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        write(path)  # a device or pipe (/dev/stdout): written into; a rename replaced it
+        return
     tmp = path + temp_suffix
     existed = os.path.exists(path)
     try:

@@ -4,6 +4,7 @@
 split, the input's data) before anything is written, so bad input leaves
 model_dir untouched.
 """
+import contextlib
 import glob
 import importlib
 import inspect
@@ -713,6 +714,7 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
 def _train(p: Plan, out) -> Dict[str, Any]:
     config = p.config
     if p.cluster:
+        cluster_lib.check_own_port(p.cluster)
         cluster_lib.apply(p.cluster)
     say = out if p.role in ("local", "chief", "evaluator") else silent
     say(describe(p))
@@ -723,8 +725,9 @@ def _train(p: Plan, out) -> Dict[str, Any]:
     # into the evaluator's RunConfig and evaluation needs no replicas. Made before any
     # model graph is built: MultiWorkerMirrored must configure the collective ops before
     # TensorFlow's context starts, and building a graph with tf.cond (cond_v2) starts it.
-    strategy = None if p.role == "evaluator" else strategies.make(config.distribute.strategy,
-                                                                 p.devices)
+    with own_server_checked(p):
+        strategy = None if p.role == "evaluator" else strategies.make(
+            config.distribute.strategy, p.devices)
     if p.writes_run_files:  # before anything is written
         check_eval_metric_names(p)
     if p.writes_run_files:  # before anything is written: refuse a damaged or mismatched checkpoint
@@ -744,6 +747,25 @@ def _train(p: Plan, out) -> Dict[str, Any]:
     with scratch_dir(p) as scratch:
         estimator = build_estimator(p, build_run_config(p, strategy, scratch), warm_start)
         return run_and_summarize(p, estimator, start_step, out, say)
+
+
+GRPC_START_FAILED = "Could not start gRPC server"
+
+
+@contextlib.contextmanager
+def own_server_checked(p: Plan):
+    """A cluster task whose own TensorFlow server cannot listen on its TF_CONFIG address
+    (another process holds the port) is one line (a traceback, or "training failed")."""
+    try:
+        yield
+    except tf.errors.UnknownError as e:
+        if p.cluster is None or GRPC_START_FAILED not in str(e):
+            raise
+        task = f"{p.cluster.task_type}:{p.cluster.task_index}"
+        address = p.cluster.cluster[p.cluster.task_type][p.cluster.task_index]
+        raise UserError(f"TF_CONFIG task {task} could not listen on {address} "
+                        f"({GRPC_START_FAILED}): another process may hold that port; give "
+                        f"this task a free port in TF_CONFIG's cluster") from None
 
 
 def check_trained(p: Plan, start_step: Optional[int]):
@@ -786,8 +808,9 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
         if p.ranks and not p.ranks.is_root:
             result = train_rank(estimator, guard.attach(train_spec), start_step)
         else:
-            result = train_and_evaluate(p, estimator, guard.attach(train_spec),
-                                        guard.attach_eval(eval_spec), say)
+            with own_server_checked(p):
+                result = train_and_evaluate(p, estimator, guard.attach(train_spec),
+                                            guard.attach_eval(eval_spec), say)
     if p.role == "local":
         check_trained(p, start_step)
     if p.role in ("local", "chief") and not p.ranks:

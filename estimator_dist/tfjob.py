@@ -19,6 +19,13 @@ DEFAULT_MOUNT_PATH = "/mnt/estimator-dist"
 PORT = 2222
 CONTAINER = "tensorflow"  # the operator injects TF_CONFIG into the container of this name
 NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+# A container image reference, as Docker's reference grammar has it (distribution/reference).
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_RE = re.compile(
+    rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
 
 
 def _container(image: str, command: List[str], mount_path: str, pvc: str) -> Dict[str, Any]:
@@ -50,6 +57,10 @@ def manifest(name: str, image: str, train_args: List[str], workers: int, ps: int
     check_kubernetes_names(namespace, pvc, mount_path)
     if not image:
         raise UserError("--image is required: the container image that has estimator-dist installed")
+    if not IMAGE_RE.fullmatch(image):
+        raise UserError(f"--image {image!r}: not a container image reference "
+                        f"([registry[:port]/]name[:tag][@digest]; the name in lower case, no "
+                        f"spaces), e.g. 'registry.example.com/team/estimator-dist:1.0'")
     strategy = _strategy(train_args)
     check_shape(workers, ps, strategy)
     command = ["estimator-dist", "train"] + list(train_args)

@@ -81,7 +81,8 @@ def test_interleaved_cases_are_compared_burst_by_burst():
 
 
 @pytest.mark.parametrize("options, message", [
-    (bench.Options(rounds=0), "--rounds 0: must be >= 1"),
+    (bench.Options(rounds=0), "--rounds 0: must be 1-100"),
+    (bench.Options(rounds=10 ** 10), "--rounds 10000000000: must be 1-100"),  # hung in schedule()
     (bench.Options(models=("resnet",)), "--models resnet: choose from cifar, mlp"),
     (bench.Options(only=("nothing like it",)), "matches no case"),
 ])
@@ -92,8 +93,12 @@ def test_bad_options_are_user_errors(options, message):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--rounds", "0"], "estimator-dist: error: --rounds 0: must be >= 1"),
-    (["--case_timeout", "0"], "estimator-dist: error: --case_timeout 0.0: must be > 0"),
+    (["--rounds", "0"], "estimator-dist: error: --rounds 0: must be 1-100"),
+    (["--case_timeout", "0"], "estimator-dist: error: --case_timeout 0.0: must be a number of "
+                              "seconds > 0"),
+    # Tracebacks from select() once a case process had started.
+    (["--case_timeout", "nan"], "estimator-dist: error: --case_timeout nan: must be a number"),
+    (["--case_timeout", "inf"], "estimator-dist: error: --case_timeout inf: must be a number"),
     (["--models", "mlp", "--cases", "projet none"], "estimator-dist: error: --cases projet none: "
                                                     "matches no case; case names: "),
     # An empty filter ran every case (a --quick run took minutes instead of failing).
@@ -108,6 +113,29 @@ def test_bad_flag_is_one_line_exit_2_nothing_written(flags, message, tmp_path):
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith(message), proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_dir_holding_other_files_is_refused(tmp_path):
+    """Each run replaces work/ and logs/: a user's files in them were deleted."""
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    (out / "logs" / "case.log").write_text("an earlier bench's log")
+    (out / "bench.csv").write_text("")
+    bench.check_output_dir(str(out))
+    (out / "logs" / "important.txt").write_text("mine")
+    with pytest.raises(UserError, match=f"^--output_dir {out}: holds logs/important.txt, which "
+                                        f"a bench run did not write; give an empty directory"):
+        bench.check_output_dir(str(out))
+    (out / "logs" / "important.txt").unlink()
+    (out / "work" / "notes").mkdir(parents=True)
+    with pytest.raises(UserError, match="holds work/notes, which"):
+        bench.check_output_dir(str(out))
+    (out / "work" / "notes").rmdir()
+    (out / "thesis.tex").write_text("")
+    with pytest.raises(UserError, match="holds thesis.tex, which"):
+        bench.check_output_dir(str(out))
+    with pytest.raises(UserError, match="is a file; give a directory"):
+        bench.check_output_dir(str(out / "thesis.tex"))
 
 
 @pytest.mark.timeout(400)

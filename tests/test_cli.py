@@ -1,4 +1,6 @@
 """CLI: parsing, `list`, and bad input -> one line, exit 2, nothing written."""
+import os
+
 import pytest
 
 from conftest import run_cli
@@ -419,6 +421,16 @@ def test_evaluate_that_fails_when_it_runs_is_one_line(tmp_path, monkeypatch, cap
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith(f"estimator-dist: error: evaluating {model_dir}/model.ckpt-2 failed: "
                           f"Input to reshape is a tensor with "), err
+
+
+def test_tfjob_output_that_is_a_directory_names_it(tmp_path, capsys):
+    """It named the internal 'DIR.tmp' file."""
+    code, out, err = run_main(["tfjob", "--image", "img:1", "--workers", "2", "--strategy",
+                               "multi_worker_mirrored", "--model_dir", "gs://b/x",
+                               "--output", str(tmp_path)], capsys)
+    assert code == 2 and err == (f"estimator-dist: error: --output {tmp_path}: is a directory; "
+                                 f"give a file path such as {tmp_path / 'tfjob.yaml'}\n"), err
+    assert os.listdir(tmp_path) == []
 
 
 def test_an_import_that_calls_sys_exit_is_one_line(tmp_path, monkeypatch, capsys):

@@ -189,6 +189,17 @@ def test_launcher_rejects_bad_shapes():
     ("tfjob", ["--workers", "2", "--pvc", "claim"], "--model_dir "),
     ("tfjob", ["--workers", "2", "--mount_path", "/data"],
      "--mount_path /data: only --pvc is mounted there; add --pvc CLAIM or leave it out"),
+    # Written, for Kubernetes to refuse.
+    ("tfjob", ["--workers", "2", "--image", "my image"],
+     "--image 'my image': not a container image reference"),
+    ("tfjob", ["--workers", "2", "--image", "IMG:Latest@@"],
+     "--image 'IMG:Latest@@': not a container image reference"),
+    # The launcher read the first --strategy, the train flags the last: horovod replicas.
+    ("tfjob", ["--workers", "2", "--strategy", "multi_worker_mirrored", "--strategy", "horovod"],
+     "tfjob --strategy horovod: a TFJob runs TF_CONFIG tasks"),
+    ("cluster", ["--workers", "2", "--strategy", "horovod", "--strategy", "multi_worker_mirrored",
+                 "--batch_size", "63"], "--batch_size 63 is not divisible by the 2 replicas of "
+                                        "--strategy multi_worker_mirrored"),
 ])
 def test_cluster_and_tfjob_check_the_train_flags_before_launching_or_writing(
         command, flags, message, tmp_path):

@@ -34,6 +34,14 @@ def error(text, strategy="parameter_server"):
     (tf_config({**CL, "evaluator": ["h:9"]}, "evaluator", 1), "TF_CONFIG evaluator index 1: must be 0"),
     (tf_config({**CL, "gpu": ["h:9"]}), "TF_CONFIG cluster key 'gpu': is not a task type"),
     (tf_config({"chief": "h:1", "ps": ["h:2"]}, "chief"), "TF_CONFIG cluster['chief'] 'h:1': must be a list of 'host:port' strings"),
+    # Tracebacks (int('a'), RecursionError, TensorFlow's port parser or server factory) or,
+    # for port 0 and an empty host, a server that hung ignoring SIGTERM; 99999 was accepted.
+    (tf_config({**CL, "worker": {"a": "h:2"}}), "TF_CONFIG cluster['worker'] {'a': 'h:2'}: as a mapping must map task indices"),
+    ("[" * 100000, "TF_CONFIG nests its JSON too deeply to read"),
+    *[(tf_config({**CL, "worker": [address]}), f"TF_CONFIG address in cluster['worker'] '{address}': "
+       f"must be 'host:port' with a host and a port of 1-65535")
+      for address in ("h:abc", "h:", ":2222", "h:0", "h:99999", "h:-5", "host with space:1")],
+    (tf_config(rpc_layer="bogus"), "TF_CONFIG rpc_layer 'bogus': must be one of grpc"),
 ])
 def test_malformed(text, expected):
     assert error(text).startswith(expected)
@@ -88,3 +96,20 @@ def test_pass_through_typos_get_did_you_mean(argv, unknown, hint, capsys):
     assert capsys.readouterr().err == (
         f"estimator-dist {argv[0]}: error: unrecognized arguments: {unknown} (did you mean "
         f"{hint}?); see 'estimator-dist {argv[0]} --help'\n")
+
+
+def test_a_port_another_process_holds_is_refused_before_tensorflow_tries_it():
+    """TensorFlow's server failed with a traceback (multi_worker_mirrored) or "training failed"
+    (parameter_server), after gRPC's own log line."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        spec = cluster.parse(tf_config({**CL, "worker": [f"127.0.0.1:{port}"]}))
+        with pytest.raises(UserError, match=f"^TF_CONFIG task worker:0: its port {port} "
+                                            f"\\(127.0.0.1:{port}\\) is held by another process"):
+            cluster.check_own_port(spec)
+    cluster.check_own_port(spec)  # free again
+    cluster.check_own_port(cluster.parse(tf_config({**CL, "evaluator": ["h:9"]}, "evaluator")))

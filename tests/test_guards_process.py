@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -271,6 +272,24 @@ def test_disk_full_writing_a_tfjob_manifest_is_one_line(tmp_path):
     assert err.startswith(f"estimator-dist: error: writing {out} failed: ")
     assert f"the earlier {out} is unchanged" in err
     assert out.read_text() == "earlier\n" and os.listdir(tmp_path) == ["job.yaml"]
+
+
+def test_write_file_writes_through_a_symlink_and_into_a_pipe(tmp_path):
+    """A symlink (and a device: `tfjob --output /dev/full` as root) was replaced by a file."""
+    target = tmp_path / "target.yaml"
+    target.write_text("old")
+    (tmp_path / "link.yaml").symlink_to(target)
+    files.write_text(str(tmp_path / "link.yaml"), "new")
+    assert (tmp_path / "link.yaml").is_symlink() and target.read_text() == "new"
+    assert sorted(os.listdir(tmp_path)) == ["link.yaml", "target.yaml"]
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(pipe.read_text()))
+    reader.start()
+    files.write_text(str(pipe), "through the pipe")
+    reader.join(timeout=10)
+    assert received == ["through the pipe"] and stat.S_ISFIFO(os.stat(pipe).st_mode)
 
 
 def test_write_file_keeps_the_earlier_file_and_leaves_no_temp(tmp_path):

@@ -189,6 +189,10 @@ def predict_variables(model_fn, serving_features: Mapping[str, Any],
                                                mode=tf.estimator.ModeKeys.PREDICT)
 
 
+# The files of a checkpoint prefix P: P.index, P.data-00000-of-00001, (P.meta).
+CHECKPOINT_FILE_SUFFIX = r"\.(index|meta|data-\d{5}-of-\d{5})$"
+
+
 def resolve_checkpoint(model_dir: str, checkpoint: str = "",
                        variables: Optional[checkpoints.Variables] = None) -> str:
     """A named checkpoint (path or model.ckpt-N in model_dir) or the latest, read back whole.
@@ -203,6 +207,10 @@ def resolve_checkpoint(model_dir: str, checkpoint: str = "",
             latest = tf.train.latest_checkpoint(checkpoint)
             raise UserError(f"--checkpoint {checkpoint}: is a directory; name one checkpoint, "
                             f"e.g. {latest or os.path.join(checkpoint, 'model.ckpt-N')}")
+        prefix = re.sub(CHECKPOINT_FILE_SUFFIX, "", checkpoint)
+        if prefix != checkpoint:  # it read the one file as a whole checkpoint, and "lacked" all
+            raise UserError(f"--checkpoint {checkpoint}: names one file of a checkpoint; give its "
+                            f"prefix, {prefix}")
         candidates = [checkpoint, os.path.join(model_dir, checkpoint)]
         for path in candidates:
             if tf.compat.v1.train.checkpoint_exists(path):

@@ -15,6 +15,7 @@
   (memory.py).
 """
 import contextlib
+import threading
 from typing import List, Optional
 
 import tensorflow as tf
@@ -135,6 +136,7 @@ class TrainingGuard:
         self.hook = GuardHook(model_dir, runs_per_step, saves_on_stop=not votes)
         self.handles_sigterm = role in ("local", "evaluator") or votes or \
             (role == "chief" and chief_saves_alone)
+        self._deadline, self._deadline_lock = None, threading.Lock()
 
     def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:
         hooks = (self.hook,) + ((self.vote,) if self.vote else ())
@@ -152,13 +154,21 @@ class TrainingGuard:
         self.hook.stop_requested = True
         if self.vote:
             self.vote.signalled = True
-        if self.role in ("chief", "worker"):
-            preemption.exit_by_deadline(
-                preemption.PEER_DEADLINE_S, lambda: tf.train.latest_checkpoint(self.model_dir))
+        self._start_deadline()
         if self.role == "evaluator":  # an export in flight is removed on the way out
             raise preemption.evaluator_stopped(tf.train.latest_checkpoint(self.model_dir))
         if not self.hook.active:  # no training step to finish: stop now
             raise preemption.preempted_outside_training(tf.train.latest_checkpoint(self.model_dir))
+
+    def _start_deadline(self):
+        """A cluster task exits 143 PEER_DEADLINE_S after SIGTERM at the latest (once);
+        also called by preemption.SignalWatch while the main thread is blocked."""
+        if self.role not in ("chief", "worker"):
+            return
+        with self._deadline_lock:
+            if self._deadline is None:
+                self._deadline = preemption.exit_by_deadline(
+                    preemption.PEER_DEADLINE_S, lambda: tf.train.latest_checkpoint(self.model_dir))
 
     def _watched(self) -> List[str]:
         watched = [self.model_dir] if self.role in ("local", "chief") else []
@@ -171,7 +181,8 @@ class TrainingGuard:
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(storage.not_world_writable())
         self._stack.enter_context(preemption.on_sigterm(self._on_sigterm,
-                                                        enabled=self.handles_sigterm))
+                                                        enabled=self.handles_sigterm,
+                                                        at_once=self._start_deadline))
         return self
 
     def __exit__(self, exc_type, exc, tb):

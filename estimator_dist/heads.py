@@ -13,6 +13,19 @@ def weight_decay_loss(params):
     return decay * tf.add_n([tf.nn.l2_loss(v) for v in kernels]) if kernels else None
 
 
+def class_ids(labels):
+    """Labels as int64 class ids [batch]. Float labels must be whole numbers: the cast made
+    0.7 class 0 without a word; now the step fails naming them (one line, exit 1)."""
+    labels = tf.reshape(labels, [-1])
+    if labels.dtype.is_floating:
+        whole = tf.debugging.assert_equal(
+            labels, tf.round(labels), summarize=3,
+            message="classification labels must be whole class ids, but some have a fraction")
+        with tf.control_dependencies([whole]):
+            labels = tf.identity(labels)
+    return tf.cast(labels, tf.int64)
+
+
 def classification_spec(logits, labels, mode, params, update_ops=None):
     """Softmax classification: predictions, export outputs, accuracy, train op."""
     # bfloat16 logits (--mixed_precision): softmax, loss, metrics and exports in float32.
@@ -26,7 +39,7 @@ def classification_spec(logits, labels, mode, params, update_ops=None):
         return tf.estimator.EstimatorSpec(
             mode, predictions=predictions,
             export_outputs={"serving_default": tf.estimator.export.PredictOutput(predictions)})
-    labels = tf.cast(tf.reshape(labels, [-1]), tf.int64)
+    labels = class_ids(labels)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     decay = weight_decay_loss(params)
     total = loss + decay if decay is not None else loss

@@ -38,16 +38,56 @@ PEER_DEADLINE_S = 20.0
 
 
 @contextlib.contextmanager
-def on_sigterm(callback, enabled: bool = True):
-    """Call `callback()` on SIGTERM while inside (main thread only; elsewhere a no-op)."""
+def on_sigterm(callback, enabled: bool = True, at_once=None):
+    """Call `callback()` on SIGTERM while inside (main thread only; elsewhere a no-op).
+
+    at_once: also called, from a watcher thread, the moment SIGTERM arrives. Python runs
+    `callback` only when the main thread next runs Python code, which a call blocked in
+    TensorFlow's C++ can put off forever (a chief's session waiting for a parameter
+    server that never comes was alive 60 s after SIGTERM, until SIGKILL; measured).
+    """
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: callback())
+    watch = SignalWatch(signal.SIGTERM, at_once) if at_once else None
     try:
         yield
     finally:
+        if watch:
+            watch.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+class SignalWatch:
+    """Calls `callback()` in a daemon thread when `signum` arrives, even while the main
+    thread is blocked: Python's C-level handler writes the signal's number to a wakeup
+    fd (signal.set_wakeup_fd) at once, and this thread reads it. Main thread only."""
+
+    def __init__(self, signum: int, callback):
+        self._signum, self._callback = signum, callback
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._run, name="sigterm-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            try:
+                data = os.read(self._read, 64)
+            except OSError:
+                return
+            if not data:  # close(): the write end is gone
+                return
+            if self._signum in data:
+                self._callback()
+
+    def close(self):
+        signal.set_wakeup_fd(self._previous)
+        os.close(self._write)
+        self._thread.join(timeout=5)
+        os.close(self._read)
 
 
 @contextlib.contextmanager
@@ -125,8 +165,9 @@ def exit_by_deadline(seconds: float, latest):
     """Exit 143 in `seconds` unless the process ends first (a daemon timer; `latest()` names
     the checkpoint a rerun resumes from)."""
     def give_up():
-        sys.stderr.write(f"estimator-dist: preempted: SIGTERM: the step in flight did not end "
-                         f"within {seconds:.0f} s (its peers may be gone); no final checkpoint; "
+        sys.stderr.write(f"estimator-dist: preempted: SIGTERM: the step in flight (or the "
+                         f"session's wait for its peers) did not end within {seconds:.0f} s (its "
+                         f"peers may be gone); no final checkpoint; "
                          f"{where_to_resume(latest())}; {retry('to resume')}\n")
         sys.stderr.flush()
         os._exit(EXIT_PREEMPTED)  # noqa: SLF001 - threads blocked in TensorFlow never return

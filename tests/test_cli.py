@@ -326,6 +326,12 @@ def eval_tensors(mode, params):
     return {"image": tf.constant(x)}, tf.constant(y)
 
 
+@ed.register_input("fraction_labels", prepare=lambda params: {"serving_features": SERVING})
+def fraction_labels(mode, params):
+    x, y = np.zeros((64, 8, 8, 1), np.float32), np.full((64,), 1.5, np.float32)
+    return tf.data.Dataset.from_tensor_slices(({"image": x}, y)).repeat().batch(8)
+
+
 @ed.register_model("eval_crash", default_input="digits")
 def eval_crash(features, labels, mode, params):
     logits = tf.compat.v1.layers.dense(tf.compat.v1.layers.flatten(features["image"]), 10)
@@ -363,6 +369,10 @@ def raises_runtime(features, labels, mode, params):
      "model 'raises_runtime' could not build its train graph: RuntimeError: boom in model_fn"),
     (["--input", "labels_12"], 1, "training failed at step 1: Received a label value of 12 "
                                   "which is outside the valid range of [0, 10)."),
+    # Trained as class 1 without a word (the cast to int64 dropped the fraction).
+    (["--input", "fraction_labels"], 1, "training failed at step 1: assertion failed: "
+                                        "[classification labels must be whole class ids, but "
+                                        "some have a fraction]"),
     # Tracebacks from Estimator before (and for eval_tensors an evaluation that never ended).
     (["--input", "raises_in_input"], 2, "input 'raises_in_input' failed in its train call: "
                                         "RuntimeError: boom in input; fix its input_fn"),

@@ -141,6 +141,13 @@ def test_cli_evaluate_named_checkpoint(trained_digits, capsys):
     assert main(["evaluate", "--model_dir", str(model_dir), "--checkpoint", str(model_dir)]) == 2
     assert capsys.readouterr().err.endswith(f"--checkpoint {model_dir}: is a directory; name one "
                                             f"checkpoint, e.g. {model_dir / 'model.ckpt-60'}\n")
+    # It read the one file as a whole checkpoint: "the model has ... that the checkpoint lacks".
+    for suffix in (".index", ".data-00000-of-00001"):
+        named = str(model_dir / f"model.ckpt-60{suffix}")
+        assert main(["evaluate", "--model_dir", str(model_dir), "--checkpoint", named]) == 2
+        assert capsys.readouterr().err == (f"estimator-dist: error: --checkpoint {named}: names one "
+                                           f"file of a checkpoint; give its prefix, "
+                                           f"{model_dir / 'model.ckpt-60'}\n")
 
 
 SERVING_FIX = "make the input's prepare() serving_features match what its input_fn yields"

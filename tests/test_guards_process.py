@@ -7,6 +7,7 @@ large for memory are refused by TensorFlow without allocating them (2**64 bytes)
 RLIMIT_AS.
 """
 import errno
+import json
 import os
 import re
 import resource
@@ -132,6 +133,43 @@ def test_sigterm_mid_update_of_accumulate_steps_stops_without_waiting_for_it(tmp
     assert code == EXIT_PREEMPTED and seconds < 30, (code, seconds, err)
     assert err.startswith("estimator-dist: preempted: SIGTERM at step 0: "), err
     assert_resumes(tmp_path, 0)
+
+
+def test_sigterm_to_a_chief_waiting_for_its_parameter_server_exits_by_the_deadline(tmp_path):
+    """Its session waits for a ps that never comes inside TensorFlow's C++, where Python's
+    handler cannot run: it was alive 60 s after SIGTERM, until SIGKILL."""
+    from estimator_dist import launcher
+    from estimator_dist import preemption
+
+    chief, ps = launcher.free_ports(2)
+    env = {**environment(), "TF_CONFIG": json.dumps({
+        "cluster": {"chief": [f"127.0.0.1:{chief}"], "ps": [f"127.0.0.1:{ps}"]},
+        "task": {"type": "chief", "index": 0}}),
+        "TF_CPP_MIN_LOG_LEVEL": "0"}  # TensorFlow's C++ log, which another test may have quieted
+    proc = subprocess.Popen(train_argv(tmp_path, "--strategy", "parameter_server", "--train_steps",
+                                       5, "--export", "none", "--verbose"),
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        for line in proc.stderr:  # TensorFlow's log, every 10 s while it waits
+            if "CreateSession still waiting for response from worker" in line:
+                break
+            assert time.monotonic() < deadline, "no CreateSession wait in time"
+        else:
+            raise AssertionError(f"ended before waiting for the ps: {proc.wait()}")
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        err = proc.stderr.read()
+        code = proc.wait(timeout=TIMEOUT)
+        seconds = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == EXIT_PREEMPTED and seconds < preemption.PEER_DEADLINE_S + 10, (code, seconds)
+    assert "estimator-dist: preempted: SIGTERM: the step in flight (or the session's wait for " \
+           "its peers) did not end within 20 s" in err, err[-2000:]
 
 
 def test_sigterm_during_an_evaluation_between_steps_stops_it_and_exits_143(tmp_path):

@@ -149,10 +149,26 @@ def users_code(call, what: str, fix: str):
     except ReportedError:
         raise
     except Exception as e:  # noqa: BLE001 - any failure of a model_fn's or input's own code
+        reported = reported_cause(e)
+        if reported is not None:
+            raise reported from None
         if not quiet.is_quiet():
             raise
         raise UserError(f"{what}: {type(e).__name__}: {first_line(e)}; {fix}; --verbose shows "
                         f"the traceback") from None
+
+
+def reported_cause(error: BaseException) -> Optional[ReportedError]:
+    """A ReportedError that `error` was raised from or during: code that turns every exception
+    into its own (inspect.getfullargspec: TypeError 'unsupported callable') hid the
+    Preempted that SIGTERM raised inside it (an `export` stopped that way exited 2)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, ReportedError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def run_prepare(entry: Entry, params) -> Dict[str, Any]:

@@ -177,6 +177,16 @@ def _batch_dims(element_spec):
             if isinstance(spec, tf.TensorSpec) and spec.shape.rank}
 
 
+def batch_flag(params):
+    """(--batch_size as the user gave it, with the per-replica batch when they differ;
+    replicas per input_fn call) from params["batch_size"] and params["global_batch_size"]."""
+    batch = int(params["batch_size"])
+    global_batch = int(params.get("global_batch_size") or batch)
+    replicas = max(1, global_batch // batch)
+    given = str(global_batch) if replicas == 1 else f"{global_batch} ({batch} per replica)"
+    return given, replicas
+
+
 def check_batch_fits(data, params, input_name: str, limit: Optional[Tuple[int, str]] = None):
     """UserError when one training batch of the dataset `data`, params["batch_size"]
     examples, needs more bytes than `limit` (default memory_limit()): it can never be built.
@@ -199,9 +209,7 @@ def check_batch_fits(data, params, input_name: str, limit: Optional[Tuple[int, s
     limit = limit or memory_limit()
     if not per_example or limit is None or per_example * batch <= limit[0]:
         return
-    global_batch = int(params.get("global_batch_size") or batch)
-    replicas = max(1, global_batch // batch)
-    given = str(global_batch) if replicas == 1 else f"{global_batch} ({batch} per replica)"
+    given, replicas = batch_flag(params)
     raise UserError(f"--batch_size {given}: one training batch of input '{input_name}' needs "
                     f"{_size(per_example * batch)} ({per_example:,} bytes an example), more "
                     f"than {limit[1]}, {_size(limit[0])}; use at most "

@@ -1,5 +1,6 @@
 """A training batch must fit in the examples its input pipeline reads (the built-in inputs)."""
 from estimator_dist.errors import UserError
+from estimator_dist.memory import batch_flag
 
 
 def pipeline_share(examples: int, input_context=None) -> int:
@@ -35,7 +36,5 @@ def check_training_batch(input_name: str, params, examples: int, input_context=N
     if input_context is not None and input_context.num_input_pipelines > 1:
         data += (f" (this pipeline's share: 1 in {input_context.num_input_pipelines} of "
                  f"{examples:,})")
-    global_batch = int(params.get("global_batch_size") or batch)
-    replicas = max(1, global_batch // batch)
-    given = str(global_batch) if replicas == 1 else f"{global_batch} ({batch} per replica)"
+    given, replicas = batch_flag(params)
     raise UserError(f"--batch_size {given}: larger than {data}; use at most {share * replicas}")

@@ -351,6 +351,12 @@ def raises_runtime(features, labels, mode, params):
 '''
 
 
+def import_users_module(tmp_path, monkeypatch):
+    """USER_MODULE as `users_module`, importable with --import users_module."""
+    (tmp_path / "users_module.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
 @pytest.mark.parametrize("flags, code, message", [
     (["--input", "prep_none"], 2, "input 'prep_none': its prepare() returned NoneType; it must "
                                   "return a dict with serving_features"),
@@ -392,8 +398,7 @@ def test_what_a_users_module_gets_wrong_is_one_line(flags, code, message, tmp_pa
                                                      monkeypatch, capsys):
     """Each was a traceback (or, for prepare() returning batch_size, a silently changed
     batch); a run refused before training leaves no model_dir."""
-    (tmp_path / "users_module.py").write_text(USER_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    import_users_module(tmp_path, monkeypatch)
     model_dir = tmp_path / "run"
     got, _, err = run_main(["train", "--import", "users_module", "--train_steps", "3",
                             "--model_dir", str(model_dir)] + flags, capsys)
@@ -405,8 +410,7 @@ def test_what_a_users_module_gets_wrong_is_one_line(flags, code, message, tmp_pa
 
 def test_an_input_that_runs_out_before_train_steps_is_said(tmp_path, monkeypatch, capsys):
     """Estimator ends training at its input's end: "done: step 2" was all it said."""
-    (tmp_path / "users_module.py").write_text(USER_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    import_users_module(tmp_path, monkeypatch)
     code, out, err = run_main(["train", "--import", "users_module", "--input", "two_batches",
                                "--train_steps", "5", "--export", "none",
                                "--model_dir", str(tmp_path / "run")], capsys)
@@ -421,8 +425,7 @@ def test_an_input_that_runs_out_before_train_steps_is_said(tmp_path, monkeypatch
 
 def test_evaluate_that_fails_when_it_runs_is_one_line(tmp_path, monkeypatch, capsys):
     """`evaluate` printed two chained TensorFlow tracebacks."""
-    (tmp_path / "users_module.py").write_text(USER_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    import_users_module(tmp_path, monkeypatch)
     model_dir = str(tmp_path / "run")
     code, _, err = run_main(["train", "--import", "users_module", "--model", "eval_crash",
                              "--train_steps", "2", "--model_dir", model_dir], capsys)

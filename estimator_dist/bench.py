@@ -73,8 +73,9 @@ QUICK_SETTINGS = {
 }
 
 
-# Strategies run as one process per worker (or Horovod rank), each pinned to one core.
-PROCESS_STRATEGIES = ("multi_worker_mirrored", "horovod")
+# Strategies run as one process per worker (or Horovod rank), each pinned to one core;
+# "ring" is bench_comm's bare TCP all-reduce.
+PROCESS_STRATEGIES = ("multi_worker_mirrored", "horovod", "ring")
 
 
 def horovod_installed() -> bool:
@@ -86,7 +87,7 @@ class Case:
     """One way to train: a driver, a strategy over devices or workers, an input."""
 
     model: str
-    driver: str  # project | plain | keras
+    driver: str  # project | plain | keras | comm (the step without the model) | tcp (bench_comm)
     strategy: str = "none"
     num_devices: int = 1
     workers: int = 1
@@ -132,6 +133,8 @@ def cases_for(model: str) -> List[Case]:
         c("plain", "mirrored", 2), c("project", "mirrored", 2), c("keras", "mirrored", 2),
         c("project", "tower", 2), c("project", "central_storage", 2),
         c("project", "multi_worker_mirrored", workers=1), c("project", "multi_worker_mirrored", workers=2),
+        c("comm", "multi_worker_mirrored", workers=1), c("comm", "multi_worker_mirrored", workers=2),
+        c("tcp", "ring", workers=2),
     ] + ([c("project", "horovod", workers=1), c("project", "horovod", workers=2)]
          if horovod_installed() else [])
 
@@ -146,6 +149,8 @@ QUICK_CASES = {
             "project mirrored N=2", "keras mirrored N=2", "project tower N=2",
             "project multi_worker_mirrored 1 worker(s) x 1 core",
             "project multi_worker_mirrored 2 worker(s) x 1 core",
+            "comm multi_worker_mirrored 1 worker(s) x 1 core",
+            "comm multi_worker_mirrored 2 worker(s) x 1 core", "tcp ring 2 worker(s) x 1 core",
             "project horovod 2 worker(s) x 1 core"),
     "cifar": ("keras none N=1",),
 }
@@ -178,6 +183,17 @@ TARGETS = [
      "project multi_worker_mirrored 2 worker(s) x 1 core", "min", None),
     ("2-rank scaling efficiency (horovod, 1 core each)", "project horovod 2 worker(s) x 1 core",
      "project horovod 1 worker(s) x 1 core", "scaling", None),
+]
+
+MWMS_1 = "project multi_worker_mirrored 1 worker(s) x 1 core"
+# (label, the 2-worker case whose step costs what the all-reduce adds, its 1-worker case or
+# None): the scaling efficiency that cost leaves at most, MWMS_1's step / (step + cost),
+# since on one core per worker nothing overlaps the all-reduce (bench_comm.py). No goal:
+# they say how far the 2-worker scaling target can be met at all.
+BOUNDS = [
+    ("2-worker scaling bound: MWMS all-reduce alone", "comm multi_worker_mirrored 2 worker(s) x 1 core",
+     "comm multi_worker_mirrored 1 worker(s) x 1 core"),
+    ("2-worker scaling bound: bare TCP ring alone", "tcp ring 2 worker(s) x 1 core", None),
 ]
 
 
@@ -247,7 +263,7 @@ def case_spec(options: Options, settings, cifar_dir: str, case: Case, model_dir:
     s = settings[case.model]
     return {
         "driver": case.driver,
-        "model": s.registered if case.driver == "project" else case.model,
+        "model": {"project": s.registered, "comm": "bench_comm"}.get(case.driver, case.model),
         "input": "cifar" if case.real_input else "bench_memory",
         "data_dir": cifar_dir if case.real_input else "",
         "strategy": case.strategy,
@@ -256,9 +272,12 @@ def case_spec(options: Options, settings, cifar_dir: str, case: Case, model_dir:
         "warmup": s.warmup,
         "train_steps": s.train_steps,
         "model_dir": model_dir,
+        "worker": worker,
         "cores": [worker % (os.cpu_count() or 1)] if case.strategy in PROCESS_STRATEGIES else [],
         "extra_args": list(options.extra_args) + list(COMPUTE_FLAGS[case.compute])
-        if case.driver == "project" else [],
+        if case.driver == "project" else
+        ["--import", "estimator_dist.bench_comm", "--set", f"like={s.registered}"]
+        if case.driver == "comm" else [],
         "tf_defaults": case.tf_defaults,
     }
 
@@ -271,9 +290,13 @@ def process_envs(case: Case):
         rendezvous = horovod_launch.Rendezvous(case.workers)
         iface = horovod_launch.loopback_interface()
         return [rendezvous.rank_env(r, iface) for r in range(case.workers)], rendezvous.stop
+    from estimator_dist import launcher
+
+    if case.strategy == "ring":
+        ports = ",".join(str(p) for p in launcher.free_ports(case.workers))
+        return [{"BENCH_RING_PORTS": ports}] * case.workers, lambda: None
     if case.strategy != "multi_worker_mirrored":
         return [{}], lambda: None
-    from estimator_dist import launcher
 
     names = launcher.task_names(case.workers, 0, False)
     configs = launcher.make_tf_configs(names, launcher.free_ports(len(names)))
@@ -454,7 +477,37 @@ def target_rows(options: Options, measurements: List[Measurement]) -> List[Dict]
                         "goal": "-" if goal is None else f"{'<=' if kind == 'max' else '>='} {goal:g}",
                         "met": met, "rounds": [round(x, 4) for x in ratios],
                         "cpu_ratio": _median(cpu)})
+        out += bound_rows(options, measurements, model)
     return out
+
+
+def bound_rows(options: Options, measurements: List[Measurement], model: str) -> List[Dict]:
+    """BOUNDS for one model: within each round, MWMS_1's step / (step + the 2-worker case's
+    step - its 1-worker case's), in wall time (`ratio`) and in CPU time (`cpu_ratio`)."""
+    settings = QUICK_SETTINGS if options.quick else SETTINGS
+    out = []
+    for label, two, one in BOUNDS:
+        ratios, cpu, costs = [], [], []
+        for r in range(options.rounds):
+            base, a = _find(measurements, model, MWMS_1, r), _find(measurements, model, two, r)
+            b = _find(measurements, model, one, r) if one else None
+            if base is None or a is None or (one and b is None):
+                continue
+            step = _step_seconds(base, settings)
+            cost = _step_seconds(a, settings) - (_step_seconds(b, settings) if b else 0.0)
+            ratios.append(step / (step + cost))
+            costs.append(cost * 1000.0)
+            cpu_cost = a.cpu_ms_per_step - (b.cpu_ms_per_step if b else 0.0)
+            cpu.append(base.cpu_ms_per_step / (base.cpu_ms_per_step + cpu_cost))
+        out.append({"model": model, "target": label, "ratio": _median(ratios), "goal": "-",
+                    "met": None, "rounds": [round(x, 4) for x in ratios], "cpu_ratio": _median(cpu),
+                    "note": f"all-reduce {_median(costs):.2f} ms/step" if costs else ""})
+    return out
+
+
+def _step_seconds(m: Measurement, settings) -> float:
+    """The median step of a case run, from its global examples/sec."""
+    return settings[m.case.model].batch * m.case.workers / m.examples_per_sec
 
 
 def _rate_ratio(a: Measurement, b: Measurement) -> float:
@@ -498,8 +551,9 @@ def format_targets(targets: List[Dict]) -> str:
         verdict = "-" if t["goal"] == "-" else "n/a" if t["met"] is None else \
             ("met" if t["met"] else "MISSED")
         cpu = "" if t["cpu_ratio"] != t["cpu_ratio"] else f"{t['cpu_ratio']:.3f}"
+        note = f"  ({t['note']})" if t.get("note") else ""
         lines.append(f"{t['model']:<6} {t['target']:<50} {t['ratio']:>7.3f} {t['goal']:>7}  "
-                     f"{verdict:<8} {cpu:>9}  {', '.join(f'{x:.3f}' for x in t['rounds'])}")
+                     f"{verdict:<8} {cpu:>9}  {', '.join(f'{x:.3f}' for x in t['rounds'])}{note}")
     return "\n".join(lines)
 
 
@@ -526,14 +580,17 @@ def write_csv(path: str, rows: List[Row], settings):
 def write_targets_csv(path: str, targets: List[Dict]):
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["model", "target", "ratio", "goal", "met", "ratio_per_round", "cpu_ratio"])
+        w.writerow(["model", "target", "ratio", "goal", "met", "ratio_per_round", "cpu_ratio",
+                    "note"])
         for t in targets:
             w.writerow([t["model"], t["target"], f"{t['ratio']:.4f}", t["goal"],
                         "" if t["met"] is None else t["met"],
-                        ";".join(str(x) for x in t["rounds"]), f"{t['cpu_ratio']:.4f}"])
+                        ";".join(str(x) for x in t["rounds"]), f"{t['cpu_ratio']:.4f}",
+                        t.get("note", "")])
 
 
-COLOURS = {"project": "#1f77b4", "plain": "#7f7f7f", "keras": "#d62728"}
+COLOURS = {"project": "#1f77b4", "plain": "#7f7f7f", "keras": "#d62728", "comm": "#9ecae1",
+           "tcp": "#c7c7c7"}
 
 
 def write_plot(path: str, rows: List[Row], settings, subtitle: str):

@@ -35,6 +35,10 @@ def test_rounds_alternate_order_and_every_target_compares_cases_of_one_group(mon
         assert pairs
         if goal is not None:  # every target with a goal is measured interleaved
             assert all(a.group == b.group for a, b in pairs)
+    for _, two, one in bench.BOUNDS:  # measured interleaved with the step they bound
+        for cases in names.values():
+            assert {cases[n].group for n in (bench.MWMS_1, two, one) if n} == \
+                {cases[bench.MWMS_1].group}
     for model, wanted in bench.QUICK_CASES.items():
         assert set(wanted) <= set(names[model])
     assert "project none N=1 bfloat16" in set(names["mlp"]) - set(names["cifar"])  # v1 layers
@@ -165,6 +169,10 @@ def test_quick_bench_writes_table_csv_and_png(tmp_path):
         targets = list(csv.DictReader(f))
     scaling = next(t for t in targets if t["model"] == "mlp" and t["target"].startswith("2-worker"))
     assert float(scaling["ratio"]) > 0
+    bounds = [t for t in targets if t["model"] == "mlp" and "scaling bound" in t["target"]]
+    assert len(bounds) == len(bench.BOUNDS)
+    for t in bounds:  # the all-reduce costs something, so each bound lies in (0, 1]
+        assert 0 < float(t["ratio"]) <= 1.05 and t["note"].startswith("all-reduce "), t
 
     with open(out / "bench.json") as f:
         runs = json.load(f)["runs"]

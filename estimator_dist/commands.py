@@ -151,6 +151,8 @@ def tfjob(args):
 
     if args.output:
         files.check_output_file("--output", args.output, "tfjob.yaml")
+    # A bad --pvc was reported as the --model_dir that is not on it.
+    tfjob_lib.check_job_flags(args.name, args.image, args.namespace, args.pvc, args.mount_path)
     train_args, config = checked_train_args(args)
     tfjob_lib.check_shared_model_dir(config.train.model_dir, args.pvc, args.mount_path)
     job = tfjob_lib.manifest(args.name, args.image, train_args, args.workers, args.ps,

@@ -51,16 +51,7 @@ def manifest(name: str, image: str, train_args: List[str], workers: int, ps: int
     restartPolicy ExitCode: the operator restarts a replica on retryable exit codes
     (signals, e.g. preemption) and not on exit code 2 (a user error would only repeat).
     """
-    if not NAME_RE.fullmatch(name) or len(name) > 40:
-        raise UserError(f"--name {name!r}: must be a DNS-1123 label of at most 40 characters "
-                        f"(lower-case letters, digits, '-')")
-    check_kubernetes_names(namespace, pvc, mount_path)
-    if not image:
-        raise UserError("--image is required: the container image that has estimator-dist installed")
-    if not IMAGE_RE.fullmatch(image):
-        raise UserError(f"--image {image!r}: not a container image reference "
-                        f"([registry[:port]/]name[:tag][@digest]; the name in lower case, no "
-                        f"spaces), e.g. 'registry.example.com/team/estimator-dist:1.0'")
+    check_job_flags(name, image, namespace, pvc, mount_path)
     strategy = _strategy(train_args)
     check_shape(workers, ps, strategy)
     command = ["estimator-dist", "train"] + list(train_args)
@@ -78,6 +69,20 @@ def manifest(name: str, image: str, train_args: List[str], workers: int, ps: int
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"runPolicy": {"cleanPodPolicy": "Running"}, "tfReplicaSpecs": replicas},
     }
+
+
+def check_job_flags(name: str, image: str, namespace: str, pvc: str, mount_path: str):
+    """The job's own flags, each alone, before anything that combines them with train flags."""
+    if not NAME_RE.fullmatch(name) or len(name) > 40:
+        raise UserError(f"--name {name!r}: must be a DNS-1123 label of at most 40 characters "
+                        f"(lower-case letters, digits, '-')")
+    check_kubernetes_names(namespace, pvc, mount_path)
+    if not image:
+        raise UserError("--image is required: the container image that has estimator-dist installed")
+    if not IMAGE_RE.fullmatch(image):
+        raise UserError(f"--image {image!r}: not a container image reference "
+                        f"([registry[:port]/]name[:tag][@digest]; the name in lower case, no "
+                        f"spaces), e.g. 'registry.example.com/team/estimator-dist:1.0'")
 
 
 # A DNS-1123 subdomain (a PersistentVolumeClaim's name): dot-separated labels, 253 at most.

@@ -187,6 +187,9 @@ def test_launcher_rejects_bad_shapes():
      "--workers 40 --ps 0: 40 tasks, each a TensorFlow process"),
     # A model_dir off the volume is pod-local: the checkpoints die with the pod.
     ("tfjob", ["--workers", "2", "--pvc", "claim"], "--model_dir "),
+    # The claim's own fault first: it was reported as the --model_dir off the volume.
+    ("tfjob", ["--workers", "2", "--pvc", "Bad_Claim"],
+     "--pvc 'Bad_Claim': must be a PersistentVolumeClaim name"),
     ("tfjob", ["--workers", "2", "--mount_path", "/data"],
      "--mount_path /data: only --pvc is mounted there; add --pvc CLAIM or leave it out"),
     # Written, for Kubernetes to refuse.

@@ -274,12 +274,18 @@ def case_spec(options: Options, settings, cifar_dir: str, case: Case, model_dir:
         "model_dir": model_dir,
         "worker": worker,
         "cores": [worker % (os.cpu_count() or 1)] if case.strategy in PROCESS_STRATEGIES else [],
-        "extra_args": list(options.extra_args) + list(COMPUTE_FLAGS[case.compute])
-        if case.driver == "project" else
-        ["--import", "estimator_dist.bench_comm", "--set", f"like={s.registered}"]
-        if case.driver == "comm" else [],
+        "extra_args": _train_flags(options, case, s.registered),
         "tf_defaults": case.tf_defaults,
     }
+
+
+def _train_flags(options: Options, case: Case, registered: str) -> List[str]:
+    """More `train` flags of a case that runs the project's command line."""
+    if case.driver == "project":
+        return list(options.extra_args) + list(COMPUTE_FLAGS[case.compute])
+    if case.driver == "comm":  # the model's step without the model (bench_comm.py)
+        return ["--import", "estimator_dist.bench_comm", "--set", f"like={registered}"]
+    return []
 
 
 def process_envs(case: Case):

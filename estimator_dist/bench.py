@@ -595,8 +595,8 @@ def write_targets_csv(path: str, targets: List[Dict]):
                         t.get("note", "")])
 
 
-COLOURS = {"project": "#1f77b4", "plain": "#7f7f7f", "keras": "#d62728", "comm": "#9ecae1",
-           "tcp": "#c7c7c7"}
+COLOURS = {"project": "#1f77b4", "plain": "#7f7f7f", "keras": "#d62728"}
+ALL_REDUCE_DRIVERS = ("comm", "tcp")  # bench_comm.py: in the tables, not in the plot
 
 
 def write_plot(path: str, rows: List[Row], settings, subtitle: str):
@@ -605,6 +605,8 @@ def write_plot(path: str, rows: List[Row], settings, subtitle: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # The all-reduce cases train no model: their rates would dwarf every bar of the plot.
+    rows = [r for r in rows if r.case.driver not in ALL_REDUCE_DRIVERS]
     models = list(dict.fromkeys(r.case.model for r in rows))
     fig, axes = plt.subplots(len(models), 2, figsize=(14, 4.2 * len(models)), squeeze=False,
                              gridspec_kw={"width_ratios": [3, 1.4]})

@@ -599,14 +599,17 @@ COLOURS = {"project": "#1f77b4", "plain": "#7f7f7f", "keras": "#d62728"}
 ALL_REDUCE_DRIVERS = ("comm", "tcp")  # bench_comm.py: in the tables, not in the plot
 
 
-def write_plot(path: str, rows: List[Row], settings, subtitle: str):
+def write_plot(path: str, rows: List[Row], settings, subtitle: str) -> bool:
+    """bench.png of the training cases; False (and no file) when none ran."""
+    # The all-reduce cases train no model: their rates would dwarf every bar of the plot.
+    rows = [r for r in rows if r.case.driver not in ALL_REDUCE_DRIVERS]
+    if not rows:
+        return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # The all-reduce cases train no model: their rates would dwarf every bar of the plot.
-    rows = [r for r in rows if r.case.driver not in ALL_REDUCE_DRIVERS]
     models = list(dict.fromkeys(r.case.model for r in rows))
     fig, axes = plt.subplots(len(models), 2, figsize=(14, 4.2 * len(models)), squeeze=False,
                              gridspec_kw={"width_ratios": [3, 1.4]})
@@ -634,6 +637,7 @@ def write_plot(path: str, rows: List[Row], settings, subtitle: str):
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return True
 
 
 def machine_line() -> str:
@@ -708,10 +712,15 @@ def run(options: Options) -> int:
                              "onednn": m.onednn, "wall_seconds": m.wall_seconds,
                              "error": m.error} for m in measurements],
                    "targets": targets}, f, indent=2)
-    write_plot(os.path.join(out, "bench.png"), rows, settings, subtitle)
+    png = os.path.join(out, "bench.png")
+    if os.path.exists(png):  # an earlier run's plot would pass for this one's
+        os.remove(png)
+    plotted = write_plot(png, rows, settings, subtitle)
     shutil.rmtree(work, ignore_errors=True)
     say("")
-    say(f"wrote {out}/bench.csv, targets.csv, bench.json, bench.png ({elapsed / 60:.1f} min)")
+    say(f"wrote {out}/bench.csv, targets.csv, bench.json"
+        f"{', bench.png' if plotted else ' (no bench.png: no case that trains a model ran)'} "
+        f"({elapsed / 60:.1f} min)")
     failed = [m for m in measurements if not m.ok]
     if failed:
         say(f"bench: {len(failed)} case run(s) failed; see their logs under {out}/logs")

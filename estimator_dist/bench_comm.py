@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from estimator_dist import bench_cases
 from estimator_dist.errors import UserError
+from estimator_dist.launcher import LOOPBACK
 from estimator_dist.registry import register_model
 from estimator_dist.train_op import minimize
 
@@ -85,13 +86,13 @@ def comm_model_fn(features, labels, mode, params):
 
 
 class Ring:
-    """Rank r of a TCP ring on 127.0.0.1: listens on ports[r], sends to rank r + 1."""
+    """Rank r of a TCP ring on the loopback: listens on ports[r], sends to rank r + 1."""
 
     def __init__(self, rank: int, ports):
         self.rank, self.size = rank, len(ports)
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", ports[rank]))
+        listener.bind((LOOPBACK, ports[rank]))
         listener.listen(1)
         self.right = self._connect(ports[(rank + 1) % self.size])
         self.left, _ = listener.accept()
@@ -107,7 +108,7 @@ class Ring:
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         while True:
             try:
-                return socket.create_connection(("127.0.0.1", port))
+                return socket.create_connection((LOOPBACK, port))
             except OSError:
                 if time.monotonic() > deadline:
                     raise
@@ -115,7 +116,11 @@ class Ring:
 
     def _send_loop(self):
         while True:
-            self.right.sendall(self._outbox.get())
+            try:
+                self.right.sendall(self._outbox.get())
+            except OSError as e:  # handed to exchange(), which would otherwise wait forever
+                self._sent.put(e)
+                return
             self._sent.put(None)
 
     def exchange(self, send: np.ndarray, receive: np.ndarray):
@@ -127,7 +132,9 @@ class Ring:
             if not n:
                 raise ConnectionError("the ring's left neighbour closed its socket")
             got += n
-        self._sent.get()
+        error = self._sent.get()
+        if error is not None:
+            raise ConnectionError(f"the ring's right neighbour is gone: {error}")
 
     def all_reduce(self, chunks, scratch):
         """Sum `chunks` (this rank's gradient, cut in `size` pieces) over the ring, in place:

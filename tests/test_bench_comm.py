@@ -86,3 +86,14 @@ def test_bounds_are_the_step_over_the_step_plus_what_a_second_worker_adds():
     missing = bench.target_rows(bench.Options(models=("mlp",), rounds=1), runs[:2])
     assert [t["rounds"] for t in missing if "bound" in t["target"]] == [[], []]
     assert "(all-reduce 5.00 ms/step)" in bench.format_targets(list(rows.values()))
+
+
+def test_a_bench_of_the_tcp_ring_alone_writes_its_tables_and_no_plot(tmp_path):
+    """Only cases that train no model: bench.png was a matplotlib traceback (exit 1)."""
+    out = tmp_path / "bench"
+    proc = run_cli("bench", "--quick", "--models", "mlp", "--cases", "tcp ring",
+                   "--output_dir", str(out), timeout=200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "no bench.png: no case that trains a model ran" in proc.stdout
+    assert "tcp ring 2 worker(s) x 1 core" in (out / "bench.csv").read_text()
+    assert not (out / "bench.png").exists()

@@ -37,6 +37,7 @@ from estimator_dist import numerics
 from estimator_dist import precision
 from estimator_dist import preemption
 from estimator_dist import quiet
+from estimator_dist import replica_collections
 from estimator_dist import saver_hook
 from estimator_dist import strategies
 from estimator_dist import towers
@@ -309,6 +310,8 @@ def build_model_fn(p: Plan):
             model_fn, p.model.name, devices=tower_devices,
             variable_device=strategies.variable_device(d.strategy, d.variable_device, p.devices),
             accumulate_steps=d.accumulate_steps)
+    if strategies.calls_model_fn_per_device(d.strategy, p.devices):
+        model_fn = replica_collections.per_replica(model_fn)
     model_fn = ordered_checks(model_fn, checks_after_last_gradient(p))
     model_fn = memory_checked(model_fn, p.role == "local")
     model_fn = precision.wrap_model_fn(model_fn, p.config.compute.mixed_precision, p.model.name)

@@ -68,6 +68,9 @@ _BUILDERS: Dict[str, Callable[[Devices], Optional[tf.distribute.Strategy]]] = {
 SINGLE_DEVICE = ("none", "one_device")
 # Strategies that span processes; they need TF_CONFIG.
 CLUSTER = ("multi_worker_mirrored", "parameter_server")
+# Strategies under which Estimator calls the model_fn once per device, all in one graph
+# (tower calls it per device itself, towers.py).
+IN_GRAPH_REPLICAS = ("mirrored", "central_storage", "multi_worker_mirrored", "parameter_server")
 # Strategies --accumulate_steps K > 1 works with (central_storage's variables
 # cannot hold the per-replica accumulators).
 ACCUMULATE = ("none", "one_device", "mirrored", "tower")
@@ -103,6 +106,11 @@ def check_accumulate(name: str, accumulate_steps: int):
 def num_replicas(name: str, devices: Devices, workers: int = 1) -> int:
     """Model replicas: tf.distribute replicas (over every worker), or the towers of `tower`."""
     return (1 if name in SINGLE_DEVICE else devices.count) * workers
+
+
+def calls_model_fn_per_device(name: str, devices: Devices) -> bool:
+    """Whether Estimator builds several replicas' model_fn calls into one graph."""
+    return name in IN_GRAPH_REPLICAS and devices.count > 1
 
 
 def per_replica_batch(name: str, global_batch: int, devices: Devices, workers: int = 1) -> int:

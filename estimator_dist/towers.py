@@ -41,6 +41,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from estimator_dist import accumulate
+from estimator_dist import replica_collections
 from estimator_dist import train_op as train_op_lib
 from estimator_dist.errors import UserError
 
@@ -263,7 +264,7 @@ def tower_model_fn(model_fn, model_name: str, devices: Sequence[str] = (),
         sharer = _VariableSharer(variable_device) if devices else None
         towers = []
         for i, device in enumerate(tower_devices):
-            with _tower_scope(i, device, sharer):
+            with _tower_scope(i, device, sharer), _own_collections(i, n):
                 towers.append(build_tower(call, model_name, feature_parts[i], label_parts[i],
                                           params, config))
             if i == 0:
@@ -287,6 +288,15 @@ def _tower_scope(index, device, sharer):
     names = tf.name_scope(f"tower_{index}") if index else contextlib.nullcontext()
     with sharer.tower(index), names, tf.device(device):
         yield
+
+
+def _own_collections(index, num_towers):
+    """Each tower sees the graph's collections as one device would (replica_collections.py);
+    afterwards UPDATE_OPS lists tower 0's, the ones that run."""
+    if num_towers == 1:
+        return contextlib.nullcontext()
+    return replica_collections.call(
+        index, first_only=replica_collections.FIRST_CALL_ONLY + (tf.compat.v1.GraphKeys.UPDATE_OPS,))
 
 
 def _placed(device):

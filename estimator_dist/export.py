@@ -14,17 +14,63 @@ from estimator_dist.errors import UserError
 EXPORT_SUBDIR = "export"
 
 
+# Where the receiver leaves the serialized tf.Example input (heads.py's classification and
+# regression signatures take it, as TF Serving's :classify and :regress do).
+EXAMPLES_COLLECTION = "estimator_dist_serialized_examples"
+def _example_dtype(dtype: tf.DType) -> Optional[tf.DType]:
+    """What tf.Example holds a feature of `dtype` as (float32, int64, bytes; parsed, then cast)."""
+    if dtype == tf.string:
+        return tf.string
+    if dtype.is_bool or dtype.is_integer:
+        return tf.int64
+    return tf.float32 if dtype.is_floating else None
+
+
+def example_parsing_spec(serving_features: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """tf.io.parse_example's spec for the serving features, or None when a feature cannot be a
+    fixed-length tf.Example feature (an open dimension, a dtype tf.Example cannot hold)."""
+    spec = {}
+    for name, (shape, dtype) in serving_features.items():
+        parsed = _example_dtype(tf.as_dtype(dtype))
+        if parsed is None or any(d is None for d in shape):
+            return None
+        spec[name] = tf.io.FixedLenFeature(list(shape), parsed)
+    return spec
+
+
 def serving_input_fn(serving_features: Mapping[str, Any]):
-    """A receiver fn taking one raw tensor per feature, batch dimension first."""
+    """A receiver fn taking one raw tensor per feature, batch dimension first.
+
+    Where every feature fits a fixed-length tf.Example feature, each raw input defaults to
+    the same feature parsed from a batch of serialized tf.Examples (left in
+    EXAMPLES_COLLECTION): the predict signature feeds the raw tensors (the parse never
+    runs), the classification/regression signatures feed serialized examples.
+    """
 
     def receiver_fn():
-        placeholders = {
-            name: tf.compat.v1.placeholder(tf.as_dtype(dtype), [None] + list(shape), name=name)
-            for name, (shape, dtype) in serving_features.items()
-        }
+        spec = example_parsing_spec(serving_features)
+        parsed = None
+        if spec is not None:
+            examples = tf.compat.v1.placeholder(tf.string, [None], name="input_example_tensor")
+            tf.compat.v1.add_to_collection(EXAMPLES_COLLECTION, examples)
+            parsed = tf.io.parse_example(examples, spec)
+        placeholders = {}
+        for name, (shape, dtype) in serving_features.items():
+            dtype, shape = tf.as_dtype(dtype), [None] + list(shape)
+            if parsed is None:
+                placeholders[name] = tf.compat.v1.placeholder(dtype, shape, name=name)
+            else:
+                placeholders[name] = tf.compat.v1.placeholder_with_default(
+                    tf.cast(parsed[name], dtype), shape, name=name)
         return tf.estimator.export.ServingInputReceiver(placeholders, placeholders)
 
     return receiver_fn
+
+
+def serialized_examples(graph) -> Optional[tf.Tensor]:
+    """The export's serialized tf.Example input, if its receiver made one."""
+    found = graph.get_collection(EXAMPLES_COLLECTION)
+    return found[0] if found else None
 
 
 def check_serving_features(serving_features, where: str):
@@ -48,6 +94,37 @@ def check_serving_features(serving_features, where: str):
             raise UserError(f"{where} returned serving_features[{name!r}] = {spec!r}; each must "
                             f"be [shape without batch (positive ints or None), a dtype name such "
                             f"as 'float32'], {example}")
+
+
+# The serving input's name when an input's features are one tensor, not a dict.
+SINGLE_FEATURE = "input"
+
+
+def serving_features_from_dataset(dataset, input_name: str) -> Dict[str, Any]:
+    """serving_features read off a TRAIN dataset's element_spec: each feature's dtype and its
+    shape without the batch dimension (an unknown dimension stays open)."""
+    spec = dataset.element_spec if isinstance(dataset, tf.data.Dataset) else None
+    if not isinstance(spec, (tuple, list)) or not spec:
+        raise UserError(f"input '{input_name}': cannot infer a serving signature from what its "
+                        f"input_fn returns ({type(dataset).__name__}); return a tf.data.Dataset "
+                        f"of (features, labels), or serving_features from a prepare()")
+    features = spec[0] if isinstance(spec[0], dict) else {SINGLE_FEATURE: spec[0]}
+    inferred = {}
+    for name, feature in features.items():
+        if not isinstance(feature, tf.TensorSpec) or feature.shape.rank is None or \
+                feature.shape.rank == 0:
+            what = (f"a {type(feature).__name__}" if not isinstance(feature, tf.TensorSpec) else
+                    "a tensor of unknown rank" if feature.shape.rank is None else "not batched")
+            raise UserError(f"input '{input_name}': feature {name!r} is {what}, so its serving "
+                            f"input cannot be inferred; return serving_features "
+                            f"{{{name!r}: [shape without batch, dtype]}} from a prepare()")
+        inferred[name] = [feature.shape.as_list()[1:], feature.dtype.name]
+    return inferred
+
+
+def describe_serving_features(serving_features: Mapping[str, Any]) -> str:
+    return ", ".join(f"{name} {list(shape)} {dtype}"
+                     for name, (shape, dtype) in serving_features.items())
 
 
 def _spec_text(shape, dtype) -> str:

@@ -26,7 +26,7 @@ def test_predict_mode_shapes_and_dtypes():
     assert spec.predictions["class_ids"].dtype == tf.int64
     assert spec.predictions["class_ids"].shape.as_list() == [5]
     assert spec.predictions["probabilities"].shape.as_list() == [5, 10]
-    assert set(spec.export_outputs) == {"serving_default"}
+    assert set(spec.export_outputs) == {"serving_default", "classification"}
     assert spec.loss is None and spec.train_op is None
 
 

@@ -55,7 +55,13 @@ def load_builtins():
 
 
 def import_user_modules(modules):
-    """`--import my.module`: import modules that register more models and inputs."""
+    """`--import my.module`: import modules that register more models and inputs.
+
+    The working directory comes first on sys.path, as under `python -m`: the console
+    script does not put it there, and a module beside the user failed to import.
+    """
+    if modules and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     for name in modules:
         try:
             importlib.import_module(name)
@@ -63,8 +69,9 @@ def import_user_modules(modules):
             if e.name and e.name != name and not name.startswith(e.name + "."):
                 raise UserError(f"--import {name}: it imports '{e.name}', which is missing "
                                 f"({e}); install that package") from None
-            raise UserError(f"--import {name}: cannot import it ({e}); is it on PYTHONPATH "
-                            f"(run from its parent directory or pip install it)?") from None
+            raise UserError(f"--import {name}: cannot import it ({e}); run from the directory "
+                            f"that holds it ({name.replace('.', '/')}.py or its package), add that "
+                            f"directory to PYTHONPATH, or pip install it") from None
         except UserError as e:  # a registration the registry refused: its message says the fix
             raise UserError(f"--import {name}: {e}") from None
         except SystemExit as e:  # would end the command, exit 0 included, having run nothing
@@ -122,7 +129,8 @@ class Plan:
         # What the input's prepare() resolved (e.g. the real data_dir) wins.
         return {
             **input_params(c, self.per_replica_batch),
-            **{k: v for k, v in self.input_meta.items() if k != "serving_features"},
+            **{k: v for k, v in self.input_meta.items()
+               if k not in ("serving_features", SERVING_INFERRED)},
             "global_batch_size": self.global_batch,
             "num_replicas": self.replicas,
             "lr_scale": float(self.replicas) if c.distribute.scale_lr else 1.0,
@@ -181,9 +189,9 @@ def run_prepare(entry: Entry, params) -> Dict[str, Any]:
     if not isinstance(meta, dict):
         raise UserError(f"{where} returned {type(meta).__name__}; it must return a dict with "
                         f"serving_features (see README, Bring your own model)")
-    if "serving_features" not in meta:
-        raise UserError(f"input '{entry.name}' gives no serving_features from its prepare(); "
-                        f"register it with prepare= returning them (see README)")
+    if "serving_features" not in meta:  # a TF1 input_fn has no prepare(): read them off its data
+        meta = {**meta, "serving_features": inferred_serving_features(entry, params),
+                SERVING_INFERRED: True}
     # prepare() may resolve what the run left open ('' / 'auto' / None: a label column, a
     # task) or make a path absolute (data_dir); it may not replace a value the run sets.
     clash = sorted(k for k in meta if k in params and k != "data_dir" and
@@ -198,6 +206,18 @@ def run_prepare(entry: Entry, params) -> Dict[str, Any]:
                         f"numbers and strings") from None
     export_lib.check_serving_features(meta["serving_features"], where)
     return meta
+
+
+# input_meta key: serving_features were read off the training dataset (said at the start).
+SERVING_INFERRED = "serving_features_inferred"
+
+
+def inferred_serving_features(entry: Entry, params) -> Dict[str, Any]:
+    """serving_features from the TRAIN dataset's element_spec (built in a scratch graph)."""
+    fn = checked_input(entry.fn, entry.name, eval_steps=1)
+    with tf.Graph().as_default():
+        dataset = fn(tf.estimator.ModeKeys.TRAIN, params)
+        return export_lib.serving_features_from_dataset(dataset, entry.name)
 
 
 def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None) -> Plan:
@@ -737,6 +757,10 @@ def _train(p: Plan, out) -> Dict[str, Any]:
         cluster_lib.apply(p.cluster)
     say = out if p.role in ("local", "chief", "evaluator") else silent
     say(describe(p))
+    if p.input_meta.get(SERVING_INFERRED):
+        say(f"serving input read off input '{p.input.name}''s training data: "
+            f"{export_lib.describe_serving_features(p.input_meta['serving_features'])} "
+            f"(return serving_features from a prepare() to choose it)")
     note = precision.cpu_note(config.compute.mixed_precision)
     if note:
         say(note)

@@ -186,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--output", help="CSV to write (default: stdout)",
                     type=_or_leave_out("a file path", "stdout"))
     pr.add_argument("--batch_size", type=int, default=256)
+    pr.add_argument("--id_column", type=_or_leave_out("a CSV column name", "none"),
+                    help="a CSV column that is no feature, passed through as the first output column")
     _add_common(pr)
 
     cl = sub.add_parser("cluster", help="run a TF_CONFIG cluster or Horovod ranks as local "

@@ -71,7 +71,8 @@ def predict(args):
     if args.output:
         predict_lib.check_output_path(args.output, args.input_path)
 
-    frame = predict_lib.predict_file(args.saved_model, args.input_path, args.batch_size)
+    frame = predict_lib.predict_file(args.saved_model, args.input_path, args.batch_size,
+                                     args.id_column or "")
     if args.output:
         files.write_file(args.output, lambda tmp: frame.to_csv(tmp, index=False))
         print(f"wrote {len(frame)} predictions to {args.output}")

@@ -1,4 +1,5 @@
-"""Run a SavedModel's serving_default signature on a CSV or .npy file; results as a DataFrame."""
+"""Run a SavedModel's serving_default signature on a CSV or .npy file; results as a DataFrame,
+one row per input row, in input order."""
 import os
 import re
 from typing import Dict
@@ -158,11 +159,36 @@ def _overflows(text: str) -> bool:
         return False
 
 
-def read_csv(path: str, specs) -> Dict[str, np.ndarray]:
+def read_csv(path: str, specs, id_column: str = "") -> Dict[str, np.ndarray]:
     """The features of a CSV read as training reads one (csv_rows.py): string features keep
-    their raw cells ("" included), numeric ones refuse missing, non-numeric, infinite cells."""
+    their raw cells ("" included), numeric ones refuse missing, non-numeric, infinite cells.
+    id_column: a column that is no feature (read_ids passes it through)."""
+    header, cells, lines = _csv_cells(path)
+    if id_column:
+        keep = [j for j, column in enumerate(header) if j != _id_index(header, id_column, path)]
+        header, cells = [header[j] for j in keep], cells[:, keep]
+    return _features(path, header, cells, lines, specs)
+
+
+def read_ids(path: str, id_column: str) -> np.ndarray:
+    """--id_column's cells, in row order, as written."""
+    header, cells, _ = _csv_cells(path)
+    return cells[:, _id_index(header, id_column, path)]
+
+
+def _csv_cells(path: str):
     header, rows, lines = csv_rows.read_rows(path, f"--input {path}")
-    cells = np.array(rows, dtype=object).reshape(len(rows), len(header))
+    return header, np.array(rows, dtype=object).reshape(len(rows), len(header)), lines
+
+
+def _id_index(header, id_column: str, path: str) -> int:
+    if id_column not in header:
+        raise UserError(f"--id_column {id_column}: no such column in --input {path}; it has "
+                        f"{', '.join(header)}")
+    return header.index(id_column)
+
+
+def _features(path, header, cells, lines, specs) -> Dict[str, np.ndarray]:
     by_key: Dict[str, list] = {}
     for j, column in enumerate(header):
         by_key.setdefault(sanitize(column), []).append(j)
@@ -213,15 +239,18 @@ def read_npy_like(values, name, spec, path):
     return {name: values.reshape([-1] + shape).astype(spec.dtype.as_numpy_dtype)}
 
 
-def read_inputs(path: str, specs) -> Dict[str, np.ndarray]:
+def read_inputs(path: str, specs, id_column: str = "") -> Dict[str, np.ndarray]:
     if os.path.isdir(path):
         raise UserError(f"--input {path}: is a directory; give the .csv or .npy file itself")
     if not os.path.isfile(path):
         raise UserError(f"--input {path}: no such file")
     if path.endswith(".npy"):
+        if id_column:
+            raise UserError(f"--id_column {id_column}: a .npy --input has no columns; give a "
+                            f".csv, or leave --id_column out (rows stay in input order)")
         features = read_npy(path, specs)
     elif path.endswith(".csv"):
-        features = read_csv(path, specs)
+        features = read_csv(path, specs, id_column)
     else:
         raise UserError(f"--input {path}: unsupported file type; give a .csv or .npy file")
     check_features(features, specs, path)
@@ -285,17 +314,23 @@ def to_frame(outputs: Dict[str, np.ndarray]) -> pd.DataFrame:
     return pd.DataFrame(columns)
 
 
-def predict_file(saved_model: str, input_path: str, batch_size: int = 256) -> pd.DataFrame:
-    """Predictions for every row of input_path, in input order."""
+def predict_file(saved_model: str, input_path: str, batch_size: int = 256,
+                 id_column: str = "") -> pd.DataFrame:
+    """Predictions for every row of input_path, in input order; id_column (a CSV column that
+    is no feature) passed through as the first column. A classifier exported with label
+    strings gives them as `classes`."""
     if batch_size <= 0:
         raise UserError(f"--batch_size {batch_size}: must be > 0")
     path = find_saved_model(saved_model)
     _, signature = load_signature(path)
-    features = read_inputs(input_path, input_specs(signature))
+    features = read_inputs(input_path, input_specs(signature), id_column)
     try:
         outputs = run(signature, features, batch_size)
     except tf.errors.OpError as e:
         raise UserError(f"SavedModel {path} failed on --input {input_path}: {errors.op_error_line(e)}; if its "
                         f"graph does not match its variables, re-export it with estimator-dist "
                         f"export --model_dir {model_dir_of(path)}") from None
-    return to_frame(outputs)
+    frame = to_frame(outputs)
+    if id_column:
+        frame.insert(0, id_column, read_ids(input_path, id_column))
+    return frame

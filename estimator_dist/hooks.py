@@ -1,4 +1,5 @@
 """Session hooks: concise progress lines and global examples/sec."""
+import os
 import statistics
 import time
 
@@ -16,6 +17,29 @@ def find_reported_loss(graph):
         if op.op.name == "loss" or op.op.name.endswith("/loss"):
             return op.op.inputs[1]
     return None
+
+
+BAR_WIDTH = 30  # at most; narrower on a narrow terminal
+
+
+def terminal_columns(stream) -> int:
+    """The terminal's width (80 when it cannot be read or was never set)."""
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return 80
+    return columns if columns > 0 else 80  # a pty whose size was never set says 0
+
+
+def fit_bar(text: str, fraction: float, columns: int) -> str:
+    """`[###...]` + text in fewer than `columns` characters: a line that reaches the last
+    column wraps, and every redraw then became a new line (an 80-column terminal)."""
+    room = columns - 1
+    width = min(BAR_WIDTH, room - len(text) - 2)
+    if width < 5:
+        return text.strip()[:room]
+    filled = int(width * min(max(fraction, 0.0), 1.0))
+    return f"[{'#' * filled}{'.' * (width - filled)}]{text}"
 
 
 def steady_rate(durations, batch: int, warmup: int):
@@ -155,11 +179,11 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         self._last_draw = time.perf_counter()
         done = step >= self._max_steps
         rate = steady_rate(self._window[-50:] or self.durations[-50:], self._batch, warmup=0)
-        width = 30
-        filled = int(width * min(step, self._max_steps) / max(self._max_steps, 1))
         loss_text = f"  loss {float(loss):.4f}" if loss is not None else ""
-        self._bar.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {step}/{self._max_steps}"
-                        f"{loss_text}  {rate or 0:,.0f} examples/sec  ETA {self._eta(step, rate)} ")
+        text = (f" {step}/{self._max_steps}{loss_text}  {rate or 0:,.0f} examples/sec  "
+                f"ETA {self._eta(step, rate)} ")
+        self._bar.write("\r" + fit_bar(text, step / max(self._max_steps, 1),
+                                       terminal_columns(self._bar)))
         if done:
             self._bar.write("\n")
         self._bar.flush()

@@ -71,6 +71,17 @@ def load(model_dir: str) -> pd.DataFrame:
 
 
 def plot(frame: pd.DataFrame, path: str):
+    fig = figure(frame)  # sets the Agg backend before pyplot is imported
+    import matplotlib.pyplot as plt
+
+    try:
+        files.write_file(path, lambda tmp: fig.savefig(tmp, dpi=100), temp_suffix=".tmp.png")
+    finally:
+        plt.close(fig)
+
+
+def figure(frame: pd.DataFrame):
+    """The report's figure: losses (log scale when all positive), eval metrics, throughput."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,15 +97,14 @@ def plot(frame: pd.DataFrame, path: str):
         for col in cols:
             data = frame[col].dropna()
             ax.plot(data.index, data.values, marker="." if len(data) < 30 else None, label=col)
+        if title == "loss" and (frame[cols].stack() > 0).all():
+            ax.set_yscale("log")  # the first steps' loss flattened the rest of the curve
         ax.set_title(title)
         ax.set_xlabel("global step")
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    try:
-        files.write_file(path, lambda tmp: fig.savefig(tmp, dpi=100), temp_suffix=".tmp.png")
-    finally:
-        plt.close(fig)
+    return fig
 
 
 def summary(frame: pd.DataFrame) -> str:

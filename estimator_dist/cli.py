@@ -65,6 +65,9 @@ TRAIN_FLAGS = {
                               "batches; LR schedules and checkpoints are in updates"),
     "scale_lr": (bool, "multiply the learning rate by the number of replicas (all workers)"),
     "jit": (bool, "compile the model's graph with XLA (global_jit_level ON_1; CPU and GPU)"),
+    "gradient_compression": (_or_leave_out("none, fp16 or bf16", "none"),
+                             "all-reduce gradients in 16 bits: none, fp16 or bf16 (mirrored, "
+                             "multi_worker_mirrored; horovod: fp16)"),
     "mixed_precision": (_or_leave_out("none or bfloat16", "none"),
                         "none | bfloat16: Keras layers of the model_fn compute in "
                         "bfloat16, variables and the loss stay float32 (default none)"),

@@ -20,6 +20,7 @@ CONFIG_FILE = "config.yaml"
 EXPORT_MODES = ("latest", "best", "final", "none")
 VARIABLE_DEVICES = ("cpu", "device0")
 MIXED_PRECISION = ("none", "bfloat16")
+GRADIENT_COMPRESSION = ("none", "fp16", "bf16")  # compression.SETTINGS
 MAX_READER_NICE = 19
 # DataConfig.reader_nice when the run does not set it: an input with reader threads uses
 # reader_priority.DEFAULT_NICE (19); one without them refuses only a value that was given.
@@ -69,13 +70,15 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DistributeConfig:
-    """Which strategy, how many devices, where tower variables live, micro-batches per update."""
+    """Which strategy, how many devices, where tower variables live, micro-batches per update,
+    the type gradients are all-reduced in."""
 
     strategy: str = "none"
     num_devices: int = 0
     variable_device: str = "cpu"
     accumulate_steps: int = 1
     scale_lr: bool = False
+    gradient_compression: str = "none"
 
 
 @dataclass(frozen=True)
@@ -375,6 +378,9 @@ def validate(config: Config):
     nice = config.data.reader_nice
     if nice != NO_READER_NICE and not 0 <= nice <= MAX_READER_NICE:
         raise _reader_nice_error(nice)
+    if d.gradient_compression not in GRADIENT_COMPRESSION:
+        raise UserError(f"--gradient_compression {d.gradient_compression}: must be "
+                        f"{', '.join(GRADIENT_COMPRESSION)}")
     if config.compute.mixed_precision not in MIXED_PRECISION:
         raise UserError(f"--mixed_precision {config.compute.mixed_precision}: must be "
                         f"{' or '.join(MIXED_PRECISION)}")

@@ -106,7 +106,10 @@ class _Minimize:
     def __call__(self, loss, params, update_ops=None, var_list=None):
         hvd = _hvd()
         self.calls += 1
-        optimizer = hvd.DistributedOptimizer(train_op_lib.make_optimizer(params))
+        compressed = params.get("gradient_compression", "none") == "fp16"
+        optimizer = hvd.DistributedOptimizer(
+            train_op_lib.make_optimizer(params),
+            compression=hvd.Compression.fp16 if compressed else hvd.Compression.none)
         global_step = tf.compat.v1.train.get_or_create_global_step()
         with tf.control_dependencies(train_op_lib.collect_update_ops(update_ops)):
             grads_and_vars = train_op_lib.gradients(optimizer, loss, var_list)
@@ -121,8 +124,9 @@ class _Minimize:
 
         def apply():
             # Every rank takes the same branch: the votes are all-reduced.
-            update = optimizer.apply_gradients(numerics.guard(self.mean_loss, grads_and_vars),
-                                               global_step=global_step)
+            note = " after its fp16 all-reduce (float16 overflows past 65504)" if compressed else ""
+            update = optimizer.apply_gradients(
+                numerics.guard(self.mean_loss, grads_and_vars, note=note), global_step=global_step)
             with tf.control_dependencies([update]):
                 return tf.constant(True)
 

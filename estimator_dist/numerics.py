@@ -48,7 +48,7 @@ def checks_after_last_gradient(enabled: bool = True):
         _AFTER_LAST_GRADIENT.pop()
 
 
-def guard(loss, grads_and_vars, num_examples=None):
+def guard(loss, grads_and_vars, num_examples=None, note: str = ""):
     """(grad, var) pairs whose gradients only exist when the loss and all gradients are finite.
 
     Args:
@@ -56,6 +56,7 @@ def guard(loss, grads_and_vars, num_examples=None):
       grads_and_vars: what the optimizer will apply.
       num_examples: optional scalar; with 0 examples the loss (a mean over none,
         NaN) is not checked, as the strategies give an empty batch zero weight.
+      note: said after a bad gradient's name (what was done to it; no ':').
     Returns:
       grads_and_vars with each gradient replaced by its checked value.
     """
@@ -70,14 +71,14 @@ def guard(loss, grads_and_vars, num_examples=None):
         return list(grads_and_vars)
     with tf.control_dependencies(checks):
         checked = iter(_checked([_values(grad) for grad, _ in present],
-                                [var for _, var in present]))
+                                [var for _, var in present], note))
     out = []
     for grad, var in grads_and_vars:
         out.append((None if grad is None else _rebuild(grad, next(checked)), var))
     return out
 
 
-def _checked(values, variables):
+def _checked(values, variables, note=""):
     """`values` passed through when all are finite, else check_numerics names the first bad one.
 
     check_numerics scans with one thread, element by element: on every gradient of
@@ -87,7 +88,7 @@ def _checked(values, variables):
     """
     with tf.control_dependencies(values if _checks_wait(values) else []):
         finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in values]))
-    messages = [f"{MARKER} gradient of '{var.op.name}'" for var in variables]
+    messages = [f"{MARKER} gradient of '{var.op.name}'{note}" for var in variables]
 
     def as_they_are():
         return [tf.identity(v) for v in values]
@@ -129,7 +130,11 @@ def non_finite_error(error: BaseException, step: Optional[int], last_checkpoint:
                 f"{last_checkpoint}")
     else:
         kept = f"nothing of that step was saved; {model_dir} holds no checkpoint yet"
-    return NonFiniteError(
-        f"training stopped {where}: the {what} is {kind}; {kept}; lower the learning rate, "
-        f"check the input data or the model for log(0)/division by zero, then rerun to resume "
-        f"from that checkpoint")
+    if " all-reduce (" in what:  # finite in float32, not after the 16-bit reduction
+        fix = ("the gradient overflowed the 16-bit --gradient_compression: use "
+               "--gradient_compression bf16 (float32's range) or none, or scale the loss down")
+    else:
+        fix = ("lower the learning rate, check the input data or the model for log(0)/division "
+               "by zero")
+    return NonFiniteError(f"training stopped {where}: the {what} is {kind}; {kept}; {fix}, then "
+                          f"rerun to resume from that checkpoint")

@@ -134,6 +134,7 @@ class Plan:
             "global_batch_size": self.global_batch,
             "num_replicas": self.replicas,
             "lr_scale": float(self.replicas) if c.distribute.scale_lr else 1.0,
+            "gradient_compression": c.distribute.gradient_compression,
         }
 
 
@@ -274,6 +275,8 @@ def _per_replica_batch(config: config_lib.Config, devices, workers: int) -> int:
     name = config.distribute.strategy
     strategies.check_devices(name, devices)
     strategies.check_accumulate(name, config.distribute.accumulate_steps)
+    strategies.check_compression(name, config.distribute.gradient_compression,
+                                 config.distribute.accumulate_steps)
     return strategies.per_replica_batch(name, config.train.batch_size, devices, workers)
 
 

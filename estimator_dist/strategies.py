@@ -71,6 +71,10 @@ CLUSTER = ("multi_worker_mirrored", "parameter_server")
 # Strategies under which Estimator calls the model_fn once per device, all in one graph
 # (tower calls it per device itself, towers.py).
 IN_GRAPH_REPLICAS = ("mirrored", "central_storage", "multi_worker_mirrored", "parameter_server")
+# Strategies whose gradients cross devices or the network in an all-reduce that
+# --gradient_compression can make 16-bit (Horovod: float16 only).
+COMPRESSIBLE = {"mirrored": ("fp16", "bf16"), "multi_worker_mirrored": ("fp16", "bf16"),
+                "horovod": ("fp16",)}
 # Strategies --accumulate_steps K > 1 works with (central_storage's variables
 # cannot hold the per-replica accumulators).
 ACCUMULATE = ("none", "one_device", "mirrored", "tower")
@@ -101,6 +105,24 @@ def check_accumulate(name: str, accumulate_steps: int):
     if accumulate_steps > 1 and name not in ACCUMULATE:
         raise UserError(f"--accumulate_steps {accumulate_steps} does not work with --strategy "
                         f"{name}; use one of {', '.join(ACCUMULATE)}")
+
+
+def check_compression(name: str, setting: str, accumulate_steps: int):
+    """--gradient_compression only where an all-reduce carries the gradients."""
+    if setting == "none":
+        return
+    if name not in COMPRESSIBLE:
+        raise UserError(f"--gradient_compression {setting} means nothing with --strategy {name} "
+                        f"(no all-reduce of gradients); use it with "
+                        f"{', '.join(COMPRESSIBLE)}, or leave it out")
+    if setting not in COMPRESSIBLE[name]:
+        raise UserError(f"--gradient_compression {setting}: --strategy {name} compresses to "
+                        f"{' or '.join(COMPRESSIBLE[name])} only (Horovod's "
+                        f"hvd.Compression.fp16); use --gradient_compression fp16")
+    if accumulate_steps > 1:
+        raise UserError(f"--gradient_compression {setting} does not work with --accumulate_steps "
+                        f"{accumulate_steps} (the accumulated sums are all-reduced in float32); "
+                        f"drop one of them")
 
 
 def num_replicas(name: str, devices: Devices, workers: int = 1) -> int:

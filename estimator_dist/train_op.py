@@ -8,6 +8,7 @@ import math
 
 import tensorflow as tf
 
+from estimator_dist import compression
 from estimator_dist import hparam_checks
 from estimator_dist import numerics
 from estimator_dist.errors import UserError
@@ -122,8 +123,13 @@ def minimize(loss, params, update_ops=None, var_list=None):
         return _HANDLERS[-1](loss, params, update_ops, var_list)
     optimizer = make_optimizer(params)
     global_step = tf.compat.v1.train.get_or_create_global_step()
+    setting = params.get("gradient_compression", "none")
     with tf.control_dependencies(collect_update_ops(update_ops)):
         grads_and_vars = gradients(optimizer, loss, var_list)
         # optimizer.minimize() without the guard would apply NaN/Inf gradients.
-        return optimizer.apply_gradients(numerics.guard(loss, grads_and_vars),
-                                         global_step=global_step)
+        checked = numerics.guard(loss, grads_and_vars)
+        if not compression.active(setting):
+            return optimizer.apply_gradients(checked, global_step=global_step)
+        reduced = numerics.guard(None, compression.all_reduce(checked, setting),
+                                 note=f" after its {setting} all-reduce ({compression.RANGE_NOTE[setting]})")
+        return compression.apply_reduced(optimizer, reduced, global_step)

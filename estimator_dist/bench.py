@@ -98,7 +98,8 @@ class Case:
     @property
     def name(self) -> str:
         if self.strategy in PROCESS_STRATEGIES:
-            return f"{self.driver} {self.strategy} {self.workers} worker(s) x 1 core"
+            return f"{self.driver} {self.strategy} {self.workers} worker(s) x 1 core" + \
+                (f" {self.compute}" if self.compute else "")
         text = f"{self.driver} {self.strategy} N={self.num_devices}"
         return text + (" real input" if self.real_input else "") + \
             (" TF default env" if self.tf_defaults else "") + \
@@ -135,12 +136,17 @@ def cases_for(model: str) -> List[Case]:
         c("project", "multi_worker_mirrored", workers=1), c("project", "multi_worker_mirrored", workers=2),
         c("comm", "multi_worker_mirrored", workers=1), c("comm", "multi_worker_mirrored", workers=2),
         c("tcp", "ring", workers=2),
-    ] + ([c("project", "horovod", workers=1), c("project", "horovod", workers=2)]
+    ] + [c(driver, "multi_worker_mirrored", workers=2, compute=compressed)
+         for compressed in ("fp16", "bf16") for driver in ("project", "comm")] + ([c("project", "horovod", workers=1), c("project", "horovod", workers=2)]
          if horovod_installed() else [])
 
 
 COMPUTE_FLAGS = {"": (), "jit": ("--jit",), "bfloat16": ("--mixed_precision", "bfloat16"),
-                 "reader_nice0": ("--reader_nice", "0")}
+                 "reader_nice0": ("--reader_nice", "0"),
+                 "fp16": ("--gradient_compression", "fp16"),
+                 "bf16": ("--gradient_compression", "bf16")}
+# Bytes a gradient value takes in the all-reduce of a case (its `compute`).
+GRADIENT_BYTES = {"fp16": 2, "bf16": 2}
 
 # --quick: every driver and code path once, at tiny sizes.
 QUICK_CASES = {
@@ -151,6 +157,8 @@ QUICK_CASES = {
             "project multi_worker_mirrored 2 worker(s) x 1 core",
             "comm multi_worker_mirrored 1 worker(s) x 1 core",
             "comm multi_worker_mirrored 2 worker(s) x 1 core", "tcp ring 2 worker(s) x 1 core",
+            "project multi_worker_mirrored 2 worker(s) x 1 core fp16",
+            "comm multi_worker_mirrored 2 worker(s) x 1 core fp16",
             "project horovod 2 worker(s) x 1 core"),
     "cifar": ("keras none N=1",),
 }
@@ -183,7 +191,13 @@ TARGETS = [
      "project multi_worker_mirrored 2 worker(s) x 1 core", "min", None),
     ("2-rank scaling efficiency (horovod, 1 core each)", "project horovod 2 worker(s) x 1 core",
      "project horovod 1 worker(s) x 1 core", "scaling", None),
-]
+] + [target for compressed in ("fp16", "bf16") for target in (
+    (f"2-worker scaling, --gradient_compression {compressed}",
+     f"project multi_worker_mirrored 2 worker(s) x 1 core {compressed}",
+     "project multi_worker_mirrored 1 worker(s) x 1 core", "scaling", 0.80),
+    (f"2 workers: --gradient_compression {compressed} / none",
+     f"project multi_worker_mirrored 2 worker(s) x 1 core {compressed}",
+     "project multi_worker_mirrored 2 worker(s) x 1 core", "min", 1.0))]
 
 MWMS_1 = "project multi_worker_mirrored 1 worker(s) x 1 core"
 # (label, the 2-worker case whose step costs what the all-reduce adds, its 1-worker case or
@@ -194,7 +208,9 @@ BOUNDS = [
     ("2-worker scaling bound: MWMS all-reduce alone", "comm multi_worker_mirrored 2 worker(s) x 1 core",
      "comm multi_worker_mirrored 1 worker(s) x 1 core"),
     ("2-worker scaling bound: bare TCP ring alone", "tcp ring 2 worker(s) x 1 core", None),
-]
+] + [(f"2-worker scaling bound: MWMS {compressed} all-reduce alone",
+      f"comm multi_worker_mirrored 2 worker(s) x 1 core {compressed}",
+      "comm multi_worker_mirrored 1 worker(s) x 1 core") for compressed in ("fp16", "bf16")]
 
 
 @dataclass
@@ -284,7 +300,8 @@ def _train_flags(options: Options, case: Case, registered: str) -> List[str]:
     if case.driver == "project":
         return list(options.extra_args) + list(COMPUTE_FLAGS[case.compute])
     if case.driver == "comm":  # the model's step without the model (bench_comm.py)
-        return ["--import", "estimator_dist.bench_comm", "--set", f"like={registered}"]
+        return ["--import", "estimator_dist.bench_comm", "--set", f"like={registered}"] + \
+            list(COMPUTE_FLAGS[case.compute])
     return []
 
 
@@ -505,10 +522,23 @@ def bound_rows(options: Options, measurements: List[Measurement], model: str) ->
             costs.append(cost * 1000.0)
             cpu_cost = a.cpu_ms_per_step - (b.cpu_ms_per_step if b else 0.0)
             cpu.append(base.cpu_ms_per_step / (base.cpu_ms_per_step + cpu_cost))
+        note = f"all-reduce {_median(costs):.2f} ms/step" if costs else ""
+        if costs:
+            note += f", {_gradient_megabytes(model, two):.2f} MB of gradients/step"
         out.append({"model": model, "target": label, "ratio": _median(ratios), "goal": "-",
                     "met": None, "rounds": [round(x, 4) for x in ratios], "cpu_ratio": _median(cpu),
-                    "note": f"all-reduce {_median(costs):.2f} ms/step" if costs else ""})
+                    "note": note})
     return out
+
+
+def _gradient_megabytes(model: str, case_name: str) -> float:
+    """What one worker puts into the step's gradient all-reduce: every trainable value, in
+    float32 or the --gradient_compression type the case name ends with."""
+    from estimator_dist import bench_comm
+
+    compressed = case_name.rsplit(" ", 1)[-1]
+    floats = bench_comm.gradient_floats(SETTINGS[model].registered)
+    return floats * GRADIENT_BYTES.get(compressed, 4) / 1e6
 
 
 def _step_seconds(m: Measurement, settings) -> float:

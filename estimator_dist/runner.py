@@ -32,6 +32,7 @@ from estimator_dist import guards
 from estimator_dist import horovod as hvd_lib
 from estimator_dist import horovod_train
 from estimator_dist import memory
+from estimator_dist import model_dir_lock
 from estimator_dist import model_fn_wrap
 from estimator_dist import numerics
 from estimator_dist import precision
@@ -719,7 +720,9 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
     p = plan(config)
     created = p.writes_run_files and not os.path.exists(p.model_dir)
     try:
-        return _train(p, out)
+        with model_dir_lock.held(p.model_dir) if p.writes_run_files else \
+                contextlib.nullcontext():
+            return _train(p, out)
     except (UserError, OutOfMemory):
         if created and os.path.isdir(p.model_dir) and \
                 not checkpoints_lib.complete_checkpoints(p.model_dir):

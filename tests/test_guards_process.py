@@ -12,6 +12,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -202,6 +203,39 @@ def test_kill_9_loses_at_most_the_steps_since_the_last_checkpoint(tmp_path):
     step = latest_step(tmp_path)
     assert step >= 200 and step % 100 == 0
     assert_resumes(tmp_path, step)
+
+
+def test_a_second_run_into_a_model_dir_in_use_is_refused_and_a_killed_one_blocks_nothing(
+        tmp_path):
+    """Two runs into one model_dir both exited 0, their checkpoints interleaved; the lock a
+    kill -9 leaves behind (its file, naming the dead PID) must not block the next run."""
+    first = subprocess.Popen(train_argv(tmp_path, "--train_steps", 100000,
+                                        "--save_checkpoints_steps", 50000),
+                             cwd=REPO, env=environment(), stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in first.stdout:
+            if line.startswith("step "):
+                break
+        else:
+            raise AssertionError(f"the first run ended: {first.wait()}")
+        before = sorted(os.listdir(tmp_path))
+        second = run(train_argv(tmp_path, "--train_steps", 5))
+        assert second.returncode == EXIT_USER, second.stderr
+        assert second.stderr.strip() == (
+            f"estimator-dist: error: --model_dir {tmp_path}: another run (PID {first.pid} on host "
+            f"{socket.gethostname()}) is training into it (it holds {tmp_path}/.estimator-dist.lock); "
+            f"wait for it to end or stop it, or give another --model_dir")
+        assert second.stdout == "" and sorted(os.listdir(tmp_path)) == before
+        first.kill()
+        first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert (tmp_path / ".estimator-dist.lock").exists()  # what the dead run left
+    assert_resumes(tmp_path, 0)
+    assert not (tmp_path / ".estimator-dist.lock").exists()
 
 
 def fill_disk_at(limit_bytes):

@@ -27,8 +27,8 @@ from estimator_dist import files
 from estimator_dist import guards
 from estimator_dist import memory
 from estimator_dist.cli import main
-from estimator_dist.errors import (EXIT_INTERNAL, EXIT_PREEMPTED, EXIT_STORAGE, EXIT_USER,
-                                   OutOfMemory, Preempted, StorageError, UserError)
+from estimator_dist.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_STORAGE,
+                                   EXIT_USER, OutOfMemory, Preempted, StorageError, UserError)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, "tests")
@@ -121,6 +121,20 @@ def test_sigterm_writes_a_final_checkpoint_exits_143_and_resumes(tmp_path):
                            f"{tmp_path / f'model.ckpt-{step}'}; exit code 143 (retryable); rerun the "
                            f"same command to resume from it")
     assert SECRET not in out + err
+    assert_resumes(tmp_path, step)
+
+
+def test_ctrl_c_writes_a_final_checkpoint_exits_130_and_resumes(tmp_path):
+    """Ctrl-C (SIGINT) exited 130 without a checkpoint: every step since the last one was lost."""
+    code, out, err = start_and_signal(
+        train_argv(tmp_path, "--train_steps", 100000, "--save_checkpoints_steps", 50000),
+        signal.SIGINT, until_step=100)
+    assert code == EXIT_INTERRUPTED, err
+    step = latest_step(tmp_path)
+    assert 100 <= step < 50000
+    assert err.strip() == (f"estimator-dist: interrupted: Ctrl-C (SIGINT) at step {step}: saved "
+                           f"{tmp_path / f'model.ckpt-{step}'}; exit code 130; rerun the same "
+                           f"command to resume from it")
     assert_resumes(tmp_path, step)
 
 

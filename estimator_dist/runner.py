@@ -801,10 +801,32 @@ def input_end_note(p: Plan, hooks) -> Optional[str]:
     """Training that ended before --train_steps with no early stop: the input ran out
     (Estimator ends training at its input's end, and said nothing)."""
     step, target = checkpoint_step(p.model_dir) or 0, p.config.train.train_steps
-    if step >= target or any(getattr(h, "stopped_early", False) for h in hooks):
+    if step >= target or stopped_early(hooks):
         return None
     return (f"input '{p.input.name}' ran out at step {step} of --train_steps {target}, which "
             f"ends training as Estimator does; repeat() its dataset to train all {target} steps")
+
+
+def stopped_early(hooks) -> bool:
+    return any(getattr(h, "stopped_early", False) for h in hooks)
+
+
+def export_after_early_stop(p: Plan, estimator, hooks, say):
+    """--export final after an early stop (local, Horovod rank 0): export the stopped step.
+
+    Estimator runs the FinalExporter only for a checkpoint at --train_steps, which an
+    early stop never writes: the run ended, exit 0, with no SavedModel. A cluster's
+    evaluator exports on the chief's end marker (evaluator.py). Inside TrainingGuard:
+    SIGTERM here removes the partial export.
+    """
+    step = checkpoint_step(p.model_dir)
+    if p.config.train.export != "final" or p.cluster or not stopped_early(hooks) or \
+            step is None or step >= p.config.train.train_steps:
+        return
+    base = os.path.join(p.model_dir, export_lib.EXPORT_SUBDIR, "final")
+    export_lib.export_saved_model(estimator, p.input_meta["serving_features"], base,
+                                  tf.train.latest_checkpoint(p.model_dir))
+    say(f"early stop: exported the checkpoint at step {step} as the final export")
 
 
 def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -> Dict[str, Any]:
@@ -830,6 +852,7 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
             with own_server_checked(p):
                 result = train_and_evaluate(p, estimator, guard.attach(train_spec),
                                             guard.attach_eval(eval_spec), say)
+            export_after_early_stop(p, estimator, hooks, say)
     if p.role == "local":
         check_trained(p, start_step)
     if p.role in ("local", "chief") and not p.ranks:

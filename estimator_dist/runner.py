@@ -113,6 +113,14 @@ class Plan:
         return self.role in ("local", "chief")
 
     @property
+    def evaluates(self) -> bool:
+        """This task evaluates (local, the evaluator, Horovod's rank 0), or it is the chief of
+        a cluster whose evaluator does: a run it would fail is refused by the chief first."""
+        if self.role == "chief":
+            return bool(self.ranks) or self.cluster.has_evaluator
+        return self.role in ("local", "evaluator")
+
+    @property
     def global_batch(self) -> int:
         return self.config.train.batch_size
 
@@ -415,6 +423,32 @@ def check_eval_metric_names(p: Plan):
         if metric not in known:
             raise UserError(f"{flag} {metric}: not an eval metric of this model; it reports "
                             f"{', '.join(known)}")
+
+
+def check_eval_input_ends(p: Plan):
+    """With --eval_steps 0 an evaluation runs until its input ends: an eval dataset that
+    repeat()s forever (TF1 code often repeats in every mode) hung after training, silently.
+
+    Its tf.data cardinality, read in a scratch graph before anything is written.
+    """
+    if p.config.train.eval_steps:
+        return
+    input_fn = make_input_fn(p, tf.estimator.ModeKeys.EVAL)
+    with tf.Graph().as_default() as graph:
+        data = input_fn()
+        if not isinstance(data, tf.data.Dataset):
+            return  # tensors: check_input_result refuses them with --eval_steps 0
+        cardinality = tf.data.experimental.cardinality(data)
+        try:
+            with tf.compat.v1.Session(graph=graph) as session:
+                value = session.run(cardinality)
+        except tf.errors.OpError:
+            return  # cannot tell here; Estimator runs the input as it is
+    if value == tf.data.experimental.INFINITE_CARDINALITY:
+        raise UserError(f"input '{p.input.name}' repeats forever in its eval call (its "
+                        f"dataset's cardinality is infinite): with --eval_steps 0 (the whole "
+                        f"eval set) the evaluation would never end; give --eval_steps N, or "
+                        f"repeat() only in TRAIN mode")
 
 
 def warm_start_settings(p: Plan):
@@ -749,6 +783,8 @@ def _train(p: Plan, out) -> Dict[str, Any]:
             config.distribute.strategy, p.devices)
     if p.writes_run_files:  # before anything is written
         check_eval_metric_names(p)
+    if p.evaluates:
+        check_eval_input_ends(p)
     if p.writes_run_files:  # before anything is written: refuse a damaged or mismatched checkpoint
         guards.check_resume(p.model_dir, build_model_fn(p),
                             make_input_fn(p, tf.estimator.ModeKeys.TRAIN), p.params(), say=out)

@@ -1,0 +1,92 @@
+"""A TF1 user's own model_fn and input_fn, through the real CLI: the mistakes such code
+commonly holds are refused before training, one line each, exit 2, nothing written.
+
+Each test writes the user's module (as a TF1 user writes it: numpy data, tf.data,
+tf.compat.v1.layers, an EstimatorSpec per mode) into a temp dir and imports it with
+`--import`.
+"""
+import os
+import textwrap
+
+from conftest import run_cli
+from estimator_dist.errors import EXIT_USER
+
+MODULE = '''
+import numpy as np
+import tensorflow as tf
+import estimator_dist as ed
+
+TRAIN, EVAL, PREDICT = (tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL,
+                        tf.estimator.ModeKeys.PREDICT)
+X = np.random.RandomState(0).randn(64, 4).astype(np.float32)
+Y = (X[:, 0] > 0).astype(np.int32)
+
+
+def prepare(params):
+    return {{"serving_features": {{"x": [[4], "float32"]}}}}
+
+
+@ed.register_input("user_xy", prepare=prepare)
+def input_fn(mode, params):
+{input_body}
+
+
+@ed.register_model("user_mlp", hparams={{"learning_rate": 0.1, "optimizer": "sgd"}},
+                   default_input="user_xy")
+def model_fn(features, labels, mode, params):
+{model_body}
+'''
+
+INPUT = '''
+    ds = tf.data.Dataset.from_tensor_slices(({"x": X}, Y))
+    if mode == TRAIN:
+        ds = ds.shuffle(64).repeat()
+    return ds.batch(params["batch_size"])
+'''
+
+MODEL = '''
+    logits = tf.compat.v1.layers.dense(features["x"], 2)
+    return ed.classification_spec(logits, labels, mode, params)
+'''
+
+
+def run_user_code(tmp_path, monkeypatch, *flags, input_body=INPUT, model_body=MODEL, run="run"):
+    """`train --import user_code --model user_mlp FLAGS` on the module written into tmp_path,
+    into tmp_path/run."""
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    (code / "user_code.py").write_text(MODULE.format(
+        input_body=textwrap.indent(textwrap.dedent(input_body).strip(), "    "),
+        model_body=textwrap.indent(textwrap.dedent(model_body).strip(), "    ")))
+    monkeypatch.setenv("PYTHONPATH", str(code))
+    model_dir = tmp_path / run
+    done = run_cli("train", "--import", "user_code", "--model", "user_mlp", "--model_dir",
+                   str(model_dir), "--batch_size", "16", *flags, timeout=120)
+    return done, model_dir
+
+
+def assert_refused(done, model_dir, *fragments):
+    assert done.returncode == EXIT_USER, done.stderr
+    assert done.stderr.startswith("estimator-dist: error: ") and \
+        done.stderr.count("\n") == 1, done.stderr
+    for fragment in fragments:
+        assert fragment in done.stderr, done.stderr
+    assert not os.path.exists(model_dir), os.listdir(model_dir)
+
+
+def test_an_eval_input_that_repeats_forever_with_eval_steps_0_is_refused(tmp_path, monkeypatch):
+    """repeat() in every mode (common TF1 code) with --eval_steps 0 hung after training."""
+    repeats = '''
+        ds = tf.data.Dataset.from_tensor_slices(({"x": X}, Y))
+        return ds.shuffle(64).repeat().batch(params["batch_size"])
+    '''
+    done, model_dir = run_user_code(tmp_path, monkeypatch, "--train_steps", "2",
+                                    "--eval_steps", "0", input_body=repeats)
+    assert_refused(done, model_dir,
+                   "input 'user_xy' repeats forever in its eval call (its dataset's cardinality "
+                   "is infinite): with --eval_steps 0 (the whole eval set) the evaluation would "
+                   "never end; give --eval_steps N, or repeat() only in TRAIN mode")
+    bounded, _ = run_user_code(tmp_path, monkeypatch, "--train_steps", "2", "--eval_steps", "2",
+                               input_body=repeats, run="bounded")
+    assert bounded.returncode == 0 and "done: step 2" in bounded.stdout, bounded.stderr
+

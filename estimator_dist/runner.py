@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from estimator_dist import checkpoints as checkpoints_lib
@@ -321,7 +322,7 @@ def build_model_fn(p: Plan):
     model_fn = ordered_checks(model_fn, checks_after_last_gradient(p))
     model_fn = memory_checked(model_fn, p.role == "local")
     model_fn = precision.wrap_model_fn(model_fn, p.config.compute.mixed_precision, p.model.name)
-    return reported_build_errors(model_fn, p.model.name)
+    return reported_build_errors(model_fn, p.model.name, p.input.name)
 
 
 def serving_checked(model_fn, serving_features, input_name: str):
@@ -370,21 +371,33 @@ def ordered_checks(model_fn, after_last_gradient: bool):
     return model_fn_wrap.around(model_fn, call)
 
 
-def reported_build_errors(model_fn, name: str):
+def reported_build_errors(model_fn, name: str, input_name: str):
     """A model_fn whose graph build fails (a bad hparam value TF refuses, a feature the input
     does not give, any exception of its own) or returns no EstimatorSpec is one line;
     --verbose keeps the traceback."""
-    def call(mode, build):
+    def call(arguments, build):
+        mode = arguments.get("mode")
         spec = users_code(build, f"model '{name}' could not build its {mode or ''} graph",
-                          "check its hparams (--set, config.yaml; 'estimator-dist list') and "
-                          "that the input gives the features it reads (--input)")
+                          build_fix(arguments, input_name))
         if not isinstance(spec, tf.estimator.EstimatorSpec):
             raise UserError(f"model '{name}' returned {type(spec).__name__} from its "
                             f"{mode or ''} call; a model_fn must return a "
                             f"tf.estimator.EstimatorSpec (e.g. estimator_dist.classification_spec)")
         return spec
 
-    return model_fn_wrap.around(model_fn, call)
+    return model_fn_wrap.around_arguments(model_fn, call)
+
+
+def build_fix(arguments, input_name: str) -> str:
+    """What to check when a model_fn's build fails. Given labels=None in TRAIN or EVAL, the
+    input gave features alone: the hparams advice of other failures misled there."""
+    if arguments.get("mode") in (tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL) and \
+            "labels" in arguments and arguments["labels"] is None:
+        return (f"it was given labels=None: input '{input_name}' gives features without labels; "
+                f"an input_fn returns a tf.data.Dataset of (features, labels), e.g. "
+                f"tf.data.Dataset.from_tensor_slices((features, labels))")
+    return ("check its hparams (--set, config.yaml; 'estimator-dist list') and that the input "
+            "gives the features it reads (--input)")
 
 
 def seeded(model_fn, seed: int):
@@ -536,7 +549,9 @@ def checked_input(fn, name: str, eval_steps: int):
 def check_input_result(data, name: str, mode, eval_steps: int):
     """What Estimator would fail on with a traceback, or hang on, as one line: elements that
     are not (features, labels) pairs; an evaluation of the whole eval set (--eval_steps 0)
-    from tensors that never end (no tf.data.Dataset and no queue runner to end them)."""
+    from tensors that never end (no tf.data.Dataset and no queue runner to end them);
+    numpy arrays or Python values, not tensors (the model_fn failed on them deep inside a
+    layer: "AttributeError: ... has no attribute 'base_dtype'")."""
     spec = data.element_spec if isinstance(data, tf.data.Dataset) else data
     if isinstance(spec, (tuple, list)) and len(spec) != 2:
         what = (f"a tf.data.Dataset of {len(spec)}-item {type(spec).__name__}s"
@@ -544,6 +559,15 @@ def check_input_result(data, name: str, mode, eval_steps: int):
                 f"a {type(spec).__name__} of {len(spec)} items")
         raise UserError(f"input '{name}' returned {what} from its {mode} call; an input_fn "
                         f"returns (features, labels) pairs, features a dict of tensors")
+    plain = [] if isinstance(data, tf.data.Dataset) else \
+        [leaf for leaf in tf.nest.flatten(data) if not tf.is_tensor(leaf)]
+    if plain:
+        kind = "numpy arrays" if isinstance(plain[0], np.ndarray) else \
+            f"{type(plain[0]).__name__} values"
+        raise UserError(f"input '{name}' returned {kind}, not tensors, from its {mode} call; an "
+                        f"input_fn returns a tf.data.Dataset of (features, labels), e.g. "
+                        f"tf.data.Dataset.from_tensor_slices((features, labels))"
+                        f".batch(params['batch_size'])")
     if mode == tf.estimator.ModeKeys.EVAL and not eval_steps and \
             not isinstance(data, tf.data.Dataset) and \
             not tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):

@@ -90,3 +90,31 @@ def test_an_eval_input_that_repeats_forever_with_eval_steps_0_is_refused(tmp_pat
                                input_body=repeats, run="bounded")
     assert bounded.returncode == 0 and "done: step 2" in bounded.stdout, bounded.stderr
 
+
+def test_an_input_without_labels_is_told_to_give_features_and_labels(tmp_path, monkeypatch):
+    """It got advice about hparams ('check its hparams (--set, ...)')."""
+    features_only = '''
+        ds = tf.data.Dataset.from_tensor_slices({"x": X})
+        return (ds.repeat() if mode == TRAIN else ds).batch(params["batch_size"])
+    '''
+    done, model_dir = run_user_code(tmp_path, monkeypatch, "--train_steps", "2",
+                                    input_body=features_only)
+    assert_refused(done, model_dir,
+                   "model 'user_mlp' could not build its train graph: ",
+                   "; it was given labels=None: input 'user_xy' gives features without labels; "
+                   "an input_fn returns a tf.data.Dataset of (features, labels), e.g. "
+                   "tf.data.Dataset.from_tensor_slices((features, labels)); --verbose shows the "
+                   "traceback")
+    assert "hparams" not in done.stderr
+
+
+def test_an_input_returning_numpy_arrays_is_told_to_return_a_dataset(tmp_path, monkeypatch):
+    """It got "AttributeError: 'numpy.dtypes.Float32DType' object has no attribute
+    'base_dtype'" and the hparams advice."""
+    done, model_dir = run_user_code(tmp_path, monkeypatch, "--train_steps", "2",
+                                    input_body='return {"x": X}, Y')  # checked first: eval
+    assert_refused(done, model_dir)
+    assert done.stderr == (
+        "estimator-dist: error: input 'user_xy' returned numpy arrays, not tensors, from its "
+        "eval call; an input_fn returns a tf.data.Dataset of (features, labels), e.g. "
+        "tf.data.Dataset.from_tensor_slices((features, labels)).batch(params['batch_size'])\n")

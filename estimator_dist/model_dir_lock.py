@@ -11,6 +11,7 @@ import fcntl
 import os
 import socket
 
+from estimator_dist import files
 from estimator_dist.errors import UserError
 
 LOCK_FILE = ".estimator-dist.lock"
@@ -27,9 +28,15 @@ def held(model_dir: str):
     if not is_local(model_dir):
         yield
         return
-    os.makedirs(model_dir, exist_ok=True)
     path = os.path.join(model_dir, LOCK_FILE)
-    fd = _acquire(path, model_dir)
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+        fd = _acquire(path, model_dir)
+    except OSError as e:
+        if not files.reason_in(e):
+            raise
+        raise files.storage_error(e, f"--model_dir {model_dir}: creating its lock file",
+                                  "nothing was written") from None
     try:
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
         yield

@@ -40,6 +40,7 @@ from estimator_dist import precision
 from estimator_dist import preemption
 from estimator_dist import quiet
 from estimator_dist import saver_hook
+from estimator_dist import storage
 from estimator_dist import strategies
 from estimator_dist import towers
 from estimator_dist import xla
@@ -990,6 +991,9 @@ def evaluate(config: config_lib.Config, checkpoint: str = "") -> Dict[str, Any]:
                                      steps=config.train.eval_steps or None, checkpoint_path=path,
                                      name="cli")
     except tf.errors.OpError as e:
+        if storage.storage_reason(e):  # its metrics go to model_dir/eval_cli: not the labels
+            raise storage.storage_error(e, f"evaluating {path} (writing its metrics)",
+                                        "the checkpoints are unchanged") from None
         if not quiet.is_quiet():
             raise
         raise TrainingFailed(f"evaluating {path} failed: {op_error_line(e)} "

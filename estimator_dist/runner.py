@@ -391,7 +391,12 @@ def reported_build_errors(model_fn, name: str, input_name: str):
 
 def build_fix(arguments, input_name: str) -> str:
     """What to check when a model_fn's build fails. Given labels=None in TRAIN or EVAL, the
-    input gave features alone: the hparams advice of other failures misled there."""
+    input gave features alone: the hparams advice of other failures misled there. In
+    PREDICT (export, serving) labels=None is Estimator's rule."""
+    if arguments.get("mode") == tf.estimator.ModeKeys.PREDICT:
+        return ("PREDICT mode (the export, serving) passes labels=None and only the serving "
+                "features: return the PREDICT EstimatorSpec (predictions, export_outputs) "
+                "before using labels")
     if arguments.get("mode") in (tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL) and \
             "labels" in arguments and arguments["labels"] is None:
         return (f"it was given labels=None: input '{input_name}' gives features without labels; "
@@ -437,6 +442,17 @@ def check_eval_metric_names(p: Plan):
         if metric not in known:
             raise UserError(f"{flag} {metric}: not an eval metric of this model; it reports "
                             f"{', '.join(known)}")
+
+
+def check_predict_graph(p: Plan):
+    """A model_fn that cannot build its PREDICT graph (it uses labels whatever the mode)
+    trained the whole run and failed at the final export: built first in a scratch graph,
+    as export builds it (serving placeholders, labels=None), when the run exports."""
+    if p.config.train.export == "none":
+        return
+    checkpoints_lib.in_scratch_graph(
+        build_model_fn(p), export_lib.serving_input_fn(p.input_meta["serving_features"]),
+        p.params(), tf.estimator.ModeKeys.PREDICT, None, lambda spec: None)
 
 
 def check_eval_input_ends(p: Plan):
@@ -810,6 +826,8 @@ def _train(p: Plan, out) -> Dict[str, Any]:
         check_eval_metric_names(p)
     if p.evaluates:
         check_eval_input_ends(p)
+    if p.writes_run_files:  # before anything is written
+        check_predict_graph(p)
     if p.writes_run_files:  # before anything is written: refuse a damaged or mismatched checkpoint
         guards.check_resume(p.model_dir, build_model_fn(p),
                             make_input_fn(p, tf.estimator.ModeKeys.TRAIN), p.params(), say=out)

@@ -118,3 +118,30 @@ def test_an_input_returning_numpy_arrays_is_told_to_return_a_dataset(tmp_path, m
         "estimator-dist: error: input 'user_xy' returned numpy arrays, not tensors, from its "
         "eval call; an input_fn returns a tf.data.Dataset of (features, labels), e.g. "
         "tf.data.Dataset.from_tensor_slices((features, labels)).batch(params['batch_size'])\n")
+
+
+def test_a_model_fn_that_cannot_build_its_predict_graph_is_refused_before_training(
+        tmp_path, monkeypatch):
+    """It computed its loss from labels in every mode: the run trained to the end, wrote its
+    checkpoints, then failed at the final export."""
+    loss_first = '''
+        logits = tf.compat.v1.layers.dense(features["x"], 2)
+        loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+        classes = tf.argmax(logits, axis=1)
+        if mode == PREDICT:
+            return tf.estimator.EstimatorSpec(mode, predictions={"classes": classes},
+                export_outputs={"serving": tf.estimator.export.PredictOutput({"classes": classes})})
+        train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            loss, global_step=tf.compat.v1.train.get_global_step())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    '''
+    done, model_dir = run_user_code(tmp_path, monkeypatch, "--train_steps", "2",
+                                    "--export", "final", model_body=loss_first)
+    assert_refused(done, model_dir,
+                   "model 'user_mlp' could not build its infer graph: ValueError: ",
+                   "; PREDICT mode (the export, serving) passes labels=None and only the serving "
+                   "features: return the PREDICT EstimatorSpec (predictions, export_outputs) "
+                   "before using labels; --verbose shows the traceback")
+    unexported, _ = run_user_code(tmp_path, monkeypatch, "--train_steps", "2", "--export",
+                                  "none", model_body=loss_first, run="unexported")
+    assert unexported.returncode == 0, unexported.stderr  # never builds PREDICT: not refused

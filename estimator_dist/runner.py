@@ -709,13 +709,17 @@ def final_eval_metrics(model_dir: str) -> Dict[str, Any]:
     return latest
 
 
-def export_from_chief(p: Plan) -> str:
-    """With no evaluator task nobody runs the exporters: the chief exports the final checkpoint."""
+def export_from_chief(p: Plan) -> Optional[str]:
+    """With no evaluator task nobody runs the exporters: the chief exports the final checkpoint
+    (once: None when a restart of the cluster finds it exported already)."""
+    base = os.path.join(p.model_dir, export_lib.EXPORT_SUBDIR, "final")
+    latest = tf.train.latest_checkpoint(p.model_dir)
+    if latest and export_lib.export_of_step(base, checkpoints_lib.step_of(latest)):
+        return None
     with cluster_lib.local_only():
         estimator = single_device_estimator(p)
-    base = os.path.join(p.model_dir, export_lib.EXPORT_SUBDIR, "final")
     return export_lib.export_saved_model(estimator, p.input_meta["serving_features"], base,
-                                         tf.train.latest_checkpoint(p.model_dir))
+                                         latest)
 
 
 def rotated_away(error: Exception) -> bool:
@@ -920,6 +924,8 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
                             summary_dir=p.model_dir if p.writes_run_files else None)
     hooks = training_hooks(p, estimator, progress, say)
     train_spec, eval_spec = build_specs(p, hooks)
+    # Only this run's exports are reported: a resumed chief printed an earlier run's.
+    earlier_exports = set(export_lib.export_paths(p.model_dir))
     started = time.perf_counter()
     with guards.TrainingGuard(p.model_dir, config.distribute.accumulate_steps, p.role,
                               chief_saves_alone=config.distribute.strategy != "multi_worker_mirrored",
@@ -951,8 +957,9 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
             config.train.export != "none":
         with preemption.stop_on_sigterm(
                 lambda: preemption.export_stopped(tf.train.latest_checkpoint(p.model_dir))):
-            export_from_chief(p)
-        out("no evaluator task: the chief exported the final checkpoint")
+            exported = export_from_chief(p)
+        out("no evaluator task: the chief exported the final checkpoint" if exported else
+            "no evaluator task: the final checkpoint is exported already")
     summary = {
         "model": config.model,
         "strategy": config.distribute.strategy,
@@ -964,7 +971,8 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
         "global_step": checkpoint_step(p.model_dir),
         "start_step": start_step or 0,
         "metrics": metrics,
-        "exports": export_lib.export_paths(p.model_dir),
+        "exports": [e for e in export_lib.export_paths(p.model_dir)
+                    if e not in earlier_exports],
         "examples_per_sec": progress.examples_per_sec,
         "wall_seconds": round(time.perf_counter() - started, 2),
         "model_dir": p.model_dir,

@@ -128,7 +128,7 @@ def where_to_resume(checkpoint, none: str = "no checkpoint was written") -> str:
 def retry(then: str = "", signum: int = signal.SIGTERM) -> str:
     """The end of every preemption line: the retryable exit code and what a rerun does.
     SIGINT (Ctrl-C, a local run's only): 130, what a shell reports for it."""
-    code = "130" if signum == signal.SIGINT else f"{EXIT_PREEMPTED} (retryable)"
+    code = f"{EXIT_INTERRUPTED}" if signum == signal.SIGINT else f"{EXIT_PREEMPTED} (retryable)"
     return f"exit code {code}; rerun the same command" + (f" {then}" if then else "")
 
 

@@ -65,9 +65,9 @@ def _state_checkpoint(model_dir: str):
         return False, None
     if state is None or not state.model_checkpoint_path:
         return False, None
+    # get_checkpoint_state already joins a relative path with model_dir; joining it again
+    # named runs/d/runs/d/model.ckpt-N under a relative --model_dir.
     path = state.model_checkpoint_path
-    if not os.path.isabs(path):
-        path = os.path.join(model_dir, path)
     return True, path if tf.compat.v1.train.checkpoint_exists(path) else None
 
 

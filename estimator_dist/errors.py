@@ -82,3 +82,10 @@ class Preempted(ReportedError):
 
     exit_code = EXIT_PREEMPTED
     label = "preempted"
+
+
+class Interrupted(ReportedError):
+    """Ctrl-C (SIGINT) during a local run's training: a final checkpoint was written."""
+
+    exit_code = EXIT_INTERRUPTED
+    label = "interrupted"

@@ -225,6 +225,41 @@ class BestExporter(tf.estimator.BestExporter):
         return best
 
 
+class FinalExporter(tf.estimator.FinalExporter):
+    """FinalExporter that exports a checkpoint once: one run, at most one final export.
+
+    A cluster restarted after training ended (a ps task's death restarts every task)
+    resumed at --train_steps and its evaluator exported the same checkpoint again.
+    """
+
+    def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
+        if is_the_final_export and checkpoint_path and \
+                export_of_step(export_path, checkpoints.step_of(checkpoint_path)):
+            return None
+        return super().export(estimator, export_path, checkpoint_path, eval_result,
+                              is_the_final_export)
+
+
+def export_of_step(export_base: str, step: int) -> Optional[str]:
+    """The export under export_base made from the checkpoint at `step`, or None (a
+    SavedModel keeps the global_step variable of the checkpoint it was made from)."""
+    if not os.path.isdir(export_base):
+        return None
+    for name in sorted(os.listdir(export_base), reverse=True):
+        path = os.path.join(export_base, name)
+        if not re.fullmatch(r"\d+", name) or \
+                not os.path.isfile(os.path.join(path, "saved_model.pb")):
+            continue
+        try:
+            exported = tf.train.load_variable(os.path.join(path, "variables", "variables"),
+                                              "global_step")
+        except (tf.errors.OpError, ValueError):
+            continue
+        if int(exported) == step:
+            return path
+    return None
+
+
 def make_exporters(mode: str, serving_features, keep: int, best_metric: str = "loss",
                    higher: bool = False) -> List[tf.estimator.Exporter]:
     """Exporters for EvalSpec: latest (every eval), best (by best_metric), final (at the end)."""
@@ -236,7 +271,7 @@ def make_exporters(mode: str, serving_features, keep: int, best_metric: str = "l
                                           compare_fn=metric_compare(best_metric, higher),
                                           exports_to_keep=keep)]
     if mode == "final":
-        return [tf.estimator.FinalExporter("final", receiver)]
+        return [FinalExporter("final", receiver)]
     return []
 
 

@@ -17,17 +17,28 @@ from typing import Callable, List, Optional
 
 from estimator_dist.errors import StorageError, UserError
 
-# How the OS errors of a full disk read, also once TensorFlow has turned them into OpErrors.
-REASONS = {"File too large": "a file hit the file-size limit (RLIMIT_FSIZE / ulimit -f)",
-           "No space left on device": "the disk is full",
-           "Disk quota exceeded": "the disk quota is used up",
-           "Read-only file system": "the file system is read-only"}
+# How the OS errors of a write that storage refused read, also once TensorFlow has turned
+# them into OpErrors: (what it means, the fix). A read-only or forbidden directory was told
+# to "free space".
+REASONS = {"File too large": ("a file hit the file-size limit (RLIMIT_FSIZE / ulimit -f)",
+                              "raise the limit"),
+           "No space left on device": ("the disk is full", "free space"),
+           "Disk quota exceeded": ("the disk quota is used up", "free space or raise the quota"),
+           "Read-only file system": ("the file system is read-only",
+                                     "write to a writable directory (or remount it read-write)"),
+           "Permission denied": ("this user may not write there",
+                                 "write to a directory this user can write to (or fix its "
+                                 "owner/mode)"),
+           "Operation not permitted": ("writing there is not permitted (e.g. an immutable "
+                                       "directory, chattr +i)",
+                                       "write to a writable directory (or lift the attribute)")}
 ERRNOS = {errno.EFBIG: "File too large", errno.ENOSPC: "No space left on device",
-          errno.EDQUOT: "Disk quota exceeded", errno.EROFS: "Read-only file system"}
+          errno.EDQUOT: "Disk quota exceeded", errno.EROFS: "Read-only file system",
+          errno.EACCES: "Permission denied", errno.EPERM: "Operation not permitted"}
 
 
 def reason_in(error: BaseException) -> Optional[str]:
-    """The full-disk reason `error` carries (its errno, else its text), or None."""
+    """The storage reason `error` carries (its errno, else its text), or None."""
     if isinstance(error, OSError) and error.errno in ERRNOS:
         return ERRNOS[error.errno]
     text = getattr(error, "message", None) or str(error)
@@ -35,11 +46,12 @@ def reason_in(error: BaseException) -> Optional[str]:
 
 
 def _where(error: BaseException) -> str:
-    """The file the error names: OSError.filename, or TensorFlow's "<path>; File too large"."""
+    """The file the error names: OSError.filename, or TensorFlow's "<path>; File too large"
+    (a relative path too: "runs/d/eval; Read-only file system")."""
     if isinstance(error, OSError) and error.filename:
         return str(error.filename)
     text = getattr(error, "message", None) or str(error)
-    found = re.search(r"(/[^\s;]+)\s*;\s*(?:" + "|".join(REASONS) + ")", text)
+    found = re.search(r"([^\s;]*/[^\s;]*)\s*;\s*(?:" + "|".join(REASONS) + ")", text)
     if not found:
         return ""
     # TensorFlow writes through "<file>.tempstate<N>"; name the file being written.
@@ -49,9 +61,9 @@ def _where(error: BaseException) -> str:
 def storage_error(error: BaseException, what: str, kept: str) -> StorageError:
     reason = reason_in(error) or "write failed"
     where = _where(error)
-    return StorageError(f"{what} failed: {REASONS.get(reason, reason)} ({reason}"
-                        f"{': ' + where if where else ''}); {kept}; free space (or raise the "
-                        f"limit) and rerun")
+    meaning, fix = REASONS.get(reason, (reason, "check the storage"))
+    return StorageError(f"{what} failed: {meaning} ({reason}{': ' + where if where else ''}); "
+                        f"{kept}; {fix} and rerun")
 
 
 def check_output_file(flag: str, path: str, default_name: str):

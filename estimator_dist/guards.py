@@ -15,6 +15,7 @@
   (memory.py).
 """
 import contextlib
+import signal
 import threading
 from typing import List, Optional
 
@@ -48,6 +49,7 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
         self.step: Optional[int] = None
         self.active = False
         self.stop_requested = False
+        self.stop_signal = signal.SIGTERM  # or SIGINT: what the stop's line and exit code say
         self._runs = 0
         self._saver = None
 
@@ -82,9 +84,10 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
         self.active = False
         step = int(session.run(self._global_step))
         if self._saver is None:  # a model_fn with a Scaffold saver of its own: cannot save
-            return preemption.preempted(step, None, tf.train.latest_checkpoint(self._model_dir))
+            return preemption.preempted(step, None, tf.train.latest_checkpoint(self._model_dir),
+                                        self.stop_signal)
         path = preemption.save_final_checkpoint(session, self._saver, self._model_dir, step)
-        return preemption.preempted(step, path)
+        return preemption.preempted(step, path, signum=self.stop_signal)
 
 
 class EvaluationStopHook(tf.compat.v1.train.SessionRunHook):
@@ -107,7 +110,7 @@ class EvaluationStopHook(tf.compat.v1.train.SessionRunHook):
         if self._guard.stop_requested and self._guard.active:
             self._guard.active = False
             raise preemption.preempted_during_evaluation(
-                tf.train.latest_checkpoint(self._model_dir))
+                tf.train.latest_checkpoint(self._model_dir), self._guard.stop_signal)
 
 
 class TrainingGuard:
@@ -148,17 +151,19 @@ class TrainingGuard:
         return eval_spec._replace(
             hooks=tuple(eval_spec.hooks) + (EvaluationStopHook(self.hook, self.model_dir),))
 
-    def _on_sigterm(self):
+    def _on_sigterm(self, signum=signal.SIGTERM):
         if self.hook.stop_requested or (self.vote and self.vote.stopped_at is not None):
             return  # already stopping (under a vote: every worker saving together)
         self.hook.stop_requested = True
+        self.hook.stop_signal = signum
         if self.vote:
             self.vote.signalled = True
         self._start_deadline()
         if self.role == "evaluator":  # an export in flight is removed on the way out
             raise preemption.evaluator_stopped(tf.train.latest_checkpoint(self.model_dir))
         if not self.hook.active:  # no training step to finish: stop now
-            raise preemption.preempted_outside_training(tf.train.latest_checkpoint(self.model_dir))
+            raise preemption.preempted_outside_training(tf.train.latest_checkpoint(self.model_dir),
+                                                        signum)
 
     def _start_deadline(self):
         """A cluster task exits 143 PEER_DEADLINE_S after SIGTERM at the latest (once);
@@ -183,6 +188,10 @@ class TrainingGuard:
         self._stack.enter_context(preemption.on_sigterm(self._on_sigterm,
                                                         enabled=self.handles_sigterm,
                                                         at_once=self._start_deadline))
+        # Ctrl-C in a local run stops as SIGTERM does, exit 130: it dropped every step since
+        # the last checkpoint. A cluster's tasks are stopped by their launcher.
+        self._stack.enter_context(preemption.on_signal(
+            signal.SIGINT, lambda: self._on_sigterm(signal.SIGINT), enabled=self.role == "local"))
         return self
 
     def __exit__(self, exc_type, exc, tb):

@@ -189,6 +189,11 @@ class StopTogetherHook(tf.compat.v1.train.SessionRunHook):
         self._stop_wanted = False
         self.ended_at = None  # global step at which an input ran out
 
+    @property
+    def stopped_early(self) -> bool:
+        """Whether rank 0's early-stopping decision ended training (runner's final export)."""
+        return bool(getattr(self._should_stop, "fired", False))
+
     def begin(self):
         graph = tf.compat.v1.get_default_graph()
         votes = graph.get_collection(VOTES)

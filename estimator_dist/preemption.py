@@ -9,7 +9,8 @@ end of training would start (they could outlast the grace period). An evaluation
 in flight between two training steps is cut short before its next batch
 (guards.EvaluationStopHook). The process exits 143 (128 + SIGTERM), the code
 schedulers treat as retryable, and rerunning the same command resumes from that
-checkpoint.
+checkpoint. Ctrl-C (SIGINT) in a local run does the same and exits 130: it used to
+drop every step since the last periodic checkpoint.
 
 In a cluster the chief (the one task that writes checkpoints) does the same when
 it saves alone (parameter servers, Horovod), but its step in flight waits for its
@@ -29,7 +30,7 @@ import threading
 
 import tensorflow as tf
 
-from estimator_dist.errors import EXIT_PREEMPTED, Preempted
+from estimator_dist.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, Interrupted, Preempted
 
 CHECKPOINT_BASENAME = "model.ckpt"  # Estimator's CheckpointSaverHook name
 # A cluster chief's time from SIGTERM to exit, at most: under Kubernetes' default grace
@@ -40,6 +41,14 @@ PEER_DEADLINE_S = 20.0
 @contextlib.contextmanager
 def on_sigterm(callback, enabled: bool = True, at_once=None):
     """Call `callback()` on SIGTERM while inside (main thread only; elsewhere a no-op).
+    See on_signal."""
+    with on_signal(signal.SIGTERM, callback, enabled, at_once):
+        yield
+
+
+@contextlib.contextmanager
+def on_signal(signum: int, callback, enabled: bool = True, at_once=None):
+    """Call `callback()` on signal `signum` while inside (main thread only; elsewhere a no-op).
 
     at_once: also called, from a watcher thread, the moment SIGTERM arrives. Python runs
     `callback` only when the main thread next runs Python code, which a call blocked in
@@ -49,14 +58,14 @@ def on_sigterm(callback, enabled: bool = True, at_once=None):
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: callback())
-    watch = SignalWatch(signal.SIGTERM, at_once) if at_once else None
+    previous = signal.signal(signum, lambda *_: callback())
+    watch = SignalWatch(signum, at_once) if at_once else None
     try:
         yield
     finally:
         if watch:
             watch.close()
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signum, previous)
 
 
 class SignalWatch:
@@ -116,24 +125,34 @@ def where_to_resume(checkpoint, none: str = "no checkpoint was written") -> str:
     return f"the latest checkpoint is {checkpoint}" if checkpoint else none
 
 
-def retry(then: str = "") -> str:
-    """The end of every preemption line: the retryable exit code and what a rerun does."""
-    return f"exit code {EXIT_PREEMPTED} (retryable); rerun the same command" + \
-        (f" {then}" if then else "")
+def retry(then: str = "", signum: int = signal.SIGTERM) -> str:
+    """The end of every preemption line: the retryable exit code and what a rerun does.
+    SIGINT (Ctrl-C, a local run's only): 130, what a shell reports for it."""
+    code = f"{EXIT_INTERRUPTED}" if signum == signal.SIGINT else f"{EXIT_PREEMPTED} (retryable)"
+    return f"exit code {code}; rerun the same command" + (f" {then}" if then else "")
 
 
-def preempted(step: int, checkpoint, latest=None) -> Preempted:
+def stopped_by(signum: int, message: str):
+    """Preempted (SIGTERM, exit 143) or Interrupted (Ctrl-C, exit 130) with `message`, which
+    follows the signal's name."""
+    if signum == signal.SIGINT:
+        return Interrupted(f"Ctrl-C (SIGINT) {message}")
+    return Preempted(f"SIGTERM {message}")
+
+
+def preempted(step: int, checkpoint, latest=None, signum: int = signal.SIGTERM):
+    then = retry("to resume from it", signum)
     if checkpoint is None:
-        return Preempted(f"SIGTERM at step {step}: no final checkpoint (the model_fn's Scaffold "
-                         f"has its own saver); the latest is {latest}; {retry('to resume from it')}")
-    return Preempted(f"SIGTERM at step {step}: saved {checkpoint}; {retry('to resume from it')}")
+        return stopped_by(signum, f"at step {step}: no final checkpoint (the model_fn's Scaffold "
+                                  f"has its own saver); the latest is {latest}; {then}")
+    return stopped_by(signum, f"at step {step}: saved {checkpoint}; {then}")
 
 
-def preempted_during_evaluation(checkpoint) -> Preempted:
-    """SIGTERM while Estimator evaluated the checkpoint it had just saved (the latest)."""
-    return Preempted(f"SIGTERM during an evaluation between training steps: stopped it (no "
-                     f"metrics written); {where_to_resume(checkpoint)}; "
-                     f"{retry('to resume from it')}")
+def preempted_during_evaluation(checkpoint, signum: int = signal.SIGTERM):
+    """SIGTERM (or Ctrl-C) while Estimator evaluated the checkpoint it had just saved."""
+    return stopped_by(signum, f"during an evaluation between training steps: stopped it (no "
+                              f"metrics written); {where_to_resume(checkpoint)}; "
+                              f"{retry('to resume from it', signum)}")
 
 
 def export_stopped(checkpoint) -> Preempted:
@@ -156,9 +175,9 @@ def evaluator_stopped(checkpoint) -> Preempted:
                      f"{retry('to go on evaluating')}")
 
 
-def preempted_outside_training(checkpoint) -> Preempted:
-    return Preempted(f"SIGTERM outside a training step: {where_to_resume(checkpoint)}; "
-                     f"{retry('to resume')}")
+def preempted_outside_training(checkpoint, signum: int = signal.SIGTERM):
+    return stopped_by(signum, f"outside a training step: {where_to_resume(checkpoint)}; "
+                              f"{retry('to resume', signum)}")
 
 
 def exit_by_deadline(seconds: float, latest):

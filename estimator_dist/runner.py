@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from estimator_dist import checkpoints as checkpoints_lib
@@ -32,6 +33,7 @@ from estimator_dist import guards
 from estimator_dist import horovod as hvd_lib
 from estimator_dist import horovod_train
 from estimator_dist import memory
+from estimator_dist import model_dir_lock
 from estimator_dist import model_fn_wrap
 from estimator_dist import numerics
 from estimator_dist import precision
@@ -39,6 +41,7 @@ from estimator_dist import preemption
 from estimator_dist import quiet
 from estimator_dist import replica_collections
 from estimator_dist import saver_hook
+from estimator_dist import storage
 from estimator_dist import strategies
 from estimator_dist import towers
 from estimator_dist import xla
@@ -118,6 +121,14 @@ class Plan:
     @property
     def writes_run_files(self) -> bool:
         return self.role in ("local", "chief")
+
+    @property
+    def evaluates(self) -> bool:
+        """This task evaluates (local, the evaluator, Horovod's rank 0), or it is the chief of
+        a cluster whose evaluator does: a run it would fail is refused by the chief first."""
+        if self.role == "chief":
+            return bool(self.ranks) or self.cluster.has_evaluator
+        return self.role in ("local", "evaluator")
 
     @property
     def global_batch(self) -> int:
@@ -338,7 +349,7 @@ def build_model_fn(p: Plan):
     model_fn = ordered_checks(model_fn, checks_after_last_gradient(p))
     model_fn = memory_checked(model_fn, p.role == "local")
     model_fn = precision.wrap_model_fn(model_fn, p.config.compute.mixed_precision, p.model.name)
-    return reported_build_errors(model_fn, p.model.name)
+    return reported_build_errors(model_fn, p.model.name, p.input.name)
 
 
 def serving_checked(model_fn, serving_features, input_name: str):
@@ -387,21 +398,38 @@ def ordered_checks(model_fn, after_last_gradient: bool):
     return model_fn_wrap.around(model_fn, call)
 
 
-def reported_build_errors(model_fn, name: str):
+def reported_build_errors(model_fn, name: str, input_name: str):
     """A model_fn whose graph build fails (a bad hparam value TF refuses, a feature the input
     does not give, any exception of its own) or returns no EstimatorSpec is one line;
     --verbose keeps the traceback."""
-    def call(mode, build):
+    def call(arguments, build):
+        mode = arguments.get("mode")
         spec = users_code(build, f"model '{name}' could not build its {mode or ''} graph",
-                          "check its hparams (--set, config.yaml; 'estimator-dist list') and "
-                          "that the input gives the features it reads (--input)")
+                          build_fix(arguments, input_name))
         if not isinstance(spec, tf.estimator.EstimatorSpec):
             raise UserError(f"model '{name}' returned {type(spec).__name__} from its "
                             f"{mode or ''} call; a model_fn must return a "
                             f"tf.estimator.EstimatorSpec (e.g. estimator_dist.classification_spec)")
         return spec
 
-    return model_fn_wrap.around(model_fn, call)
+    return model_fn_wrap.around_arguments(model_fn, call)
+
+
+def build_fix(arguments, input_name: str) -> str:
+    """What to check when a model_fn's build fails. Given labels=None in TRAIN or EVAL, the
+    input gave features alone: the hparams advice of other failures misled there. In
+    PREDICT (export, serving) labels=None is Estimator's rule."""
+    if arguments.get("mode") == tf.estimator.ModeKeys.PREDICT:
+        return ("PREDICT mode (the export, serving) passes labels=None and only the serving "
+                "features: return the PREDICT EstimatorSpec (predictions, export_outputs) "
+                "before using labels")
+    if arguments.get("mode") in (tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL) and \
+            "labels" in arguments and arguments["labels"] is None:
+        return (f"it was given labels=None: input '{input_name}' gives features without labels; "
+                f"an input_fn returns a tf.data.Dataset of (features, labels), e.g. "
+                f"tf.data.Dataset.from_tensor_slices((features, labels))")
+    return ("check its hparams (--set, config.yaml; 'estimator-dist list') and that the input "
+            "gives the features it reads (--input)")
 
 
 def seeded(model_fn, seed: int):
@@ -440,6 +468,43 @@ def check_eval_metric_names(p: Plan):
         if metric not in known:
             raise UserError(f"{flag} {metric}: not an eval metric of this model; it reports "
                             f"{', '.join(known)}")
+
+
+def check_predict_graph(p: Plan):
+    """A model_fn that cannot build its PREDICT graph (it uses labels whatever the mode)
+    trained the whole run and failed at the final export: built first in a scratch graph,
+    as export builds it (serving placeholders, labels=None), when the run exports."""
+    if p.config.train.export == "none":
+        return
+    checkpoints_lib.in_scratch_graph(
+        build_model_fn(p), export_lib.serving_input_fn(p.input_meta["serving_features"]),
+        p.params(), tf.estimator.ModeKeys.PREDICT, None, lambda spec: None)
+
+
+def check_eval_input_ends(p: Plan):
+    """With --eval_steps 0 an evaluation runs until its input ends: an eval dataset that
+    repeat()s forever (TF1 code often repeats in every mode) hung after training, silently.
+
+    Its tf.data cardinality, read in a scratch graph before anything is written.
+    """
+    if p.config.train.eval_steps:
+        return
+    input_fn = make_input_fn(p, tf.estimator.ModeKeys.EVAL)
+    with tf.Graph().as_default() as graph:
+        data = input_fn()
+        if not isinstance(data, tf.data.Dataset):
+            return  # tensors: check_input_result refuses them with --eval_steps 0
+        cardinality = tf.data.experimental.cardinality(data)
+        try:
+            with tf.compat.v1.Session(graph=graph) as session:
+                value = session.run(cardinality)
+        except tf.errors.OpError:
+            return  # cannot tell here; Estimator runs the input as it is
+    if value == tf.data.experimental.INFINITE_CARDINALITY:
+        raise UserError(f"input '{p.input.name}' repeats forever in its eval call (its "
+                        f"dataset's cardinality is infinite): with --eval_steps 0 (the whole "
+                        f"eval set) the evaluation would never end; give --eval_steps N, or "
+                        f"repeat() only in TRAIN mode")
 
 
 def warm_start_settings(p: Plan):
@@ -527,7 +592,9 @@ def checked_input(fn, name: str, eval_steps: int):
 def check_input_result(data, name: str, mode, eval_steps: int):
     """What Estimator would fail on with a traceback, or hang on, as one line: elements that
     are not (features, labels) pairs; an evaluation of the whole eval set (--eval_steps 0)
-    from tensors that never end (no tf.data.Dataset and no queue runner to end them)."""
+    from tensors that never end (no tf.data.Dataset and no queue runner to end them);
+    numpy arrays or Python values, not tensors (the model_fn failed on them deep inside a
+    layer: "AttributeError: ... has no attribute 'base_dtype'")."""
     spec = data.element_spec if isinstance(data, tf.data.Dataset) else data
     if isinstance(spec, (tuple, list)) and len(spec) != 2:
         what = (f"a tf.data.Dataset of {len(spec)}-item {type(spec).__name__}s"
@@ -535,6 +602,15 @@ def check_input_result(data, name: str, mode, eval_steps: int):
                 f"a {type(spec).__name__} of {len(spec)} items")
         raise UserError(f"input '{name}' returned {what} from its {mode} call; an input_fn "
                         f"returns (features, labels) pairs, features a dict of tensors")
+    plain = [] if isinstance(data, tf.data.Dataset) else \
+        [leaf for leaf in tf.nest.flatten(data) if not tf.is_tensor(leaf)]
+    if plain:
+        kind = "numpy arrays" if isinstance(plain[0], np.ndarray) else \
+            f"{type(plain[0]).__name__} values"
+        raise UserError(f"input '{name}' returned {kind}, not tensors, from its {mode} call; an "
+                        f"input_fn returns a tf.data.Dataset of (features, labels), e.g. "
+                        f"tf.data.Dataset.from_tensor_slices((features, labels))"
+                        f".batch(params['batch_size'])")
     if mode == tf.estimator.ModeKeys.EVAL and not eval_steps and \
             not isinstance(data, tf.data.Dataset) and \
             not tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
@@ -659,13 +735,17 @@ def final_eval_metrics(model_dir: str) -> Dict[str, Any]:
     return latest
 
 
-def export_from_chief(p: Plan) -> str:
-    """With no evaluator task nobody runs the exporters: the chief exports the final checkpoint."""
+def export_from_chief(p: Plan) -> Optional[str]:
+    """With no evaluator task nobody runs the exporters: the chief exports the final checkpoint
+    (once: None when a restart of the cluster finds it exported already)."""
+    base = os.path.join(p.model_dir, export_lib.EXPORT_SUBDIR, "final")
+    latest = tf.train.latest_checkpoint(p.model_dir)
+    if latest and export_lib.export_of_step(base, checkpoints_lib.step_of(latest)):
+        return None
     with cluster_lib.local_only():
         estimator = single_device_estimator(p)
-    base = os.path.join(p.model_dir, export_lib.EXPORT_SUBDIR, "final")
     return export_lib.export_saved_model(estimator, p.input_meta["serving_features"], base,
-                                         tf.train.latest_checkpoint(p.model_dir))
+                                         latest)
 
 
 def rotated_away(error: Exception) -> bool:
@@ -745,7 +825,9 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
     p = plan(config)
     created = p.writes_run_files and not os.path.exists(p.model_dir)
     try:
-        return _train(p, out)
+        with model_dir_lock.held(p.model_dir) if p.writes_run_files else \
+                contextlib.nullcontext():
+            return _train(p, out)
     except (UserError, OutOfMemory):
         if created and os.path.isdir(p.model_dir) and \
                 not checkpoints_lib.complete_checkpoints(p.model_dir):
@@ -776,6 +858,10 @@ def _train(p: Plan, out) -> Dict[str, Any]:
             config.distribute.strategy, p.devices)
     if p.writes_run_files:  # before anything is written
         check_eval_metric_names(p)
+    if p.evaluates:
+        check_eval_input_ends(p)
+    if p.writes_run_files:  # before anything is written
+        check_predict_graph(p)
     if p.writes_run_files:  # before anything is written: refuse a damaged or mismatched checkpoint
         guards.check_resume(p.model_dir, build_model_fn(p),
                             make_input_fn(p, tf.estimator.ModeKeys.TRAIN), p.params(), say=out)
@@ -828,10 +914,32 @@ def input_end_note(p: Plan, hooks) -> Optional[str]:
     """Training that ended before --train_steps with no early stop: the input ran out
     (Estimator ends training at its input's end, and said nothing)."""
     step, target = checkpoint_step(p.model_dir) or 0, p.config.train.train_steps
-    if step >= target or any(getattr(h, "stopped_early", False) for h in hooks):
+    if step >= target or stopped_early(hooks):
         return None
     return (f"input '{p.input.name}' ran out at step {step} of --train_steps {target}, which "
             f"ends training as Estimator does; repeat() its dataset to train all {target} steps")
+
+
+def stopped_early(hooks) -> bool:
+    return any(getattr(h, "stopped_early", False) for h in hooks)
+
+
+def export_after_early_stop(p: Plan, estimator, hooks, say):
+    """--export final after an early stop (local, Horovod rank 0): export the stopped step.
+
+    Estimator runs the FinalExporter only for a checkpoint at --train_steps, which an
+    early stop never writes: the run ended, exit 0, with no SavedModel. A cluster's
+    evaluator exports on the chief's end marker (evaluator.py). Inside TrainingGuard:
+    SIGTERM here removes the partial export.
+    """
+    step = checkpoint_step(p.model_dir)
+    if p.config.train.export != "final" or p.cluster or not stopped_early(hooks) or \
+            step is None or step >= p.config.train.train_steps:
+        return
+    base = os.path.join(p.model_dir, export_lib.EXPORT_SUBDIR, "final")
+    export_lib.export_saved_model(estimator, p.input_meta["serving_features"], base,
+                                  tf.train.latest_checkpoint(p.model_dir))
+    say(f"early stop: exported the checkpoint at step {step} as the final export")
 
 
 def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -> Dict[str, Any]:
@@ -846,6 +954,8 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
                             summary_dir=p.model_dir if p.writes_run_files else None)
     hooks = training_hooks(p, estimator, progress, say)
     train_spec, eval_spec = build_specs(p, hooks)
+    # Only this run's exports are reported: a resumed chief printed an earlier run's.
+    earlier_exports = set(export_lib.export_paths(p.model_dir))
     started = time.perf_counter()
     with guards.TrainingGuard(p.model_dir, config.distribute.accumulate_steps, p.role,
                               chief_saves_alone=config.distribute.strategy != "multi_worker_mirrored",
@@ -857,6 +967,7 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
             with own_server_checked(p):
                 result = train_and_evaluate(p, estimator, guard.attach(train_spec),
                                             guard.attach_eval(eval_spec), say)
+            export_after_early_stop(p, estimator, hooks, say)
     if p.role == "local":
         check_trained(p, start_step)
     if p.role in ("local", "chief") and not p.ranks:
@@ -876,8 +987,9 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
             config.train.export != "none":
         with preemption.stop_on_sigterm(
                 lambda: preemption.export_stopped(tf.train.latest_checkpoint(p.model_dir))):
-            export_from_chief(p)
-        out("no evaluator task: the chief exported the final checkpoint")
+            exported = export_from_chief(p)
+        out("no evaluator task: the chief exported the final checkpoint" if exported else
+            "no evaluator task: the final checkpoint is exported already")
     summary = {
         "model": config.model,
         "strategy": config.distribute.strategy,
@@ -889,7 +1001,8 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
         "global_step": checkpoint_step(p.model_dir),
         "start_step": start_step or 0,
         "metrics": metrics,
-        "exports": export_lib.export_paths(p.model_dir),
+        "exports": [e for e in export_lib.export_paths(p.model_dir)
+                    if e not in earlier_exports],
         "examples_per_sec": progress.examples_per_sec,
         "wall_seconds": round(time.perf_counter() - started, 2),
         "model_dir": p.model_dir,
@@ -934,6 +1047,9 @@ def evaluate(config: config_lib.Config, checkpoint: str = "") -> Dict[str, Any]:
                                      steps=config.train.eval_steps or None, checkpoint_path=path,
                                      name="cli")
     except tf.errors.OpError as e:
+        if storage.storage_reason(e):  # its metrics go to model_dir/eval_cli: not the labels
+            raise storage.storage_error(e, f"evaluating {path} (writing its metrics)",
+                                        "the checkpoints are unchanged") from None
         if not quiet.is_quiet():
             raise
         raise TrainingFailed(f"evaluating {path} failed: {op_error_line(e)} "

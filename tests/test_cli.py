@@ -373,19 +373,23 @@ def import_users_module(tmp_path, monkeypatch):
      "tf.estimator.EstimatorSpec"),
     (["--model", "raises_runtime", "--input", "digits"], 2,
      "model 'raises_runtime' could not build its train graph: RuntimeError: boom in model_fn"),
-    (["--input", "labels_12"], 1, "training failed at step 1: Received a label value of 12 "
-                                  "which is outside the valid range of [0, 10)."),
+    # --eval_steps 1: these inputs repeat in EVAL too, refused with the default 0 (item 6).
+    (["--input", "labels_12", "--eval_steps", "1"], 1,
+     "training failed at step 1: Received a label value of 12 which is outside the valid "
+     "range of [0, 10)."),
     # Trained as class 1 without a word (the cast to int64 dropped the fraction).
-    (["--input", "fraction_labels"], 1, "training failed at step 1: assertion failed: "
-                                        "[classification labels must be whole class ids, but "
-                                        "some have a fraction]"),
+    (["--input", "fraction_labels", "--eval_steps", "1"], 1,
+     "training failed at step 1: assertion failed: [classification labels must be whole "
+     "class ids, but some have a fraction]"),
     # Tracebacks from Estimator before (and for eval_tensors an evaluation that never ended).
-    (["--input", "raises_in_input"], 2, "input 'raises_in_input' failed in its train call: "
-                                        "RuntimeError: boom in input; fix its input_fn"),
-    (["--input", "triples"], 2, "input 'triples' returned a tf.data.Dataset of 3-item tuples from "
-                                "its train call; an input_fn returns (features, labels) pairs"),
-    (["--input", "returns_list"], 2, "input 'returns_list' returned a list of 3 items from its "
-                                     "train call"),
+    (["--input", "raises_in_input", "--eval_steps", "1"], 2,
+     "input 'raises_in_input' failed in its train call: RuntimeError: boom in input; fix its "
+     "input_fn"),
+    (["--input", "triples", "--eval_steps", "1"], 2,
+     "input 'triples' returned a tf.data.Dataset of 3-item tuples from its train call; an "
+     "input_fn returns (features, labels) pairs"),
+    (["--input", "returns_list", "--eval_steps", "1"], 2,
+     "input 'returns_list' returned a list of 3 items from its train call"),
     (["--input", "eval_tensors"], 2, "input 'eval_tensors' returned tensors, not a tf.data.Dataset, "
                                      "from its eval call: with --eval_steps 0 (the whole eval set) "
                                      "the evaluation would never end"),

@@ -312,6 +312,32 @@ def test_early_stop_in_a_cluster_stops_every_task_and_exports(tmp_path):
     assert checkpoint_steps(model_dir)[-1] < 20000 and final_export(model_dir), run.text
 
 
+def test_a_rerun_reports_only_its_own_export_and_a_checkpoint_is_exported_once(tmp_path):
+    """Rerunning a finished cluster run to a higher step printed the chief's `exported:` line
+    with the previous run's export; a restart after training ended (a ps task's death
+    restarts every task) exported the final checkpoint a second time."""
+    model_dir = str(tmp_path / "run")
+
+    def cluster(steps):
+        run = Run(["--workers", "1", "--ps", "1", "--evaluator", "--strategy",
+                   "parameter_server", "--train_steps", str(steps), "--save_checkpoints_steps",
+                   "10", "--max_restarts", "0", "--model_dir", model_dir] + TRAIN)
+        assert run.wait() == 0, run.text
+        return run
+
+    cluster(10)
+    (first,) = final_export(model_dir)
+    restarted = cluster(10)  # every task again, training already at its end
+    assert final_export(model_dir) == [first], restarted.text
+    assert "exported:" not in restarted.text, restarted.text
+    higher = cluster(20)
+    exports = final_export(model_dir)
+    assert len(exports) == 2 and first in exports, higher.text
+    (newest,) = set(exports) - {first}
+    printed = re.findall(r"^\[(\w+:0)\] exported: (\S+)$", higher.text, re.M)
+    assert printed and all(path == os.path.dirname(newest) for _, path in printed), higher.text
+
+
 def test_task_that_never_listens_hits_the_startup_deadline():
     silent = [sys.executable, "-c", "import time; time.sleep(120)"]
     tasks = [launcher.Task("chief:0", silent, "{}", launcher.free_ports(1)[0])]

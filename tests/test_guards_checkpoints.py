@@ -6,6 +6,8 @@ before any step runs and before anything in model_dir changes.
 """
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -324,3 +326,21 @@ def test_a_resume_with_another_strategy_leaves_no_stale_shards(tmp_path):
             f"model.ckpt-{step}.data-00000-of-00001"]
     assert sorted(checkpoints.complete_checkpoints(str(tmp_path))) == [0, 5, 7]
     assert tf.train.load_checkpoint(str(tmp_path / "model.ckpt-5")).get_tensor("global_step") == 5
+
+
+def test_a_relative_model_dir_resumes_without_a_false_state_file_repair(tmp_path):
+    """`--model_dir runs/d` (and `make train` twice): every resume said the state file named a
+    checkpoint that does not exist and rewrote it (runs/d joined twice)."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(tests), tests])}
+    argv = [sys.executable, "-m", "estimator_dist", "train", "--import", "guard_models",
+            "--model", "guard_mlp", "--model_dir", os.path.join("runs", "d")]
+    outputs = [subprocess.run(argv + ["--train_steps", str(steps)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+               for steps in (2, 4)]
+    assert [r.returncode for r in outputs] == [0, 0], outputs[1].stderr
+    resumed = outputs[1].stdout
+    assert "resuming from the checkpoint at step 2 in runs/d" in resumed
+    assert "rewrote" not in resumed and "done: step 4" in resumed, resumed
+    assert open(tmp_path / "runs" / "d" / "checkpoint").readline() == \
+        'model_checkpoint_path: "model.ckpt-4"\n'

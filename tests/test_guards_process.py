@@ -12,6 +12,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -26,8 +27,8 @@ from estimator_dist import files
 from estimator_dist import guards
 from estimator_dist import memory
 from estimator_dist.cli import main
-from estimator_dist.errors import (EXIT_INTERNAL, EXIT_PREEMPTED, EXIT_STORAGE, EXIT_USER,
-                                   OutOfMemory, Preempted, StorageError, UserError)
+from estimator_dist.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_STORAGE,
+                                   EXIT_USER, OutOfMemory, Preempted, StorageError, UserError)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, "tests")
@@ -123,6 +124,20 @@ def test_sigterm_writes_a_final_checkpoint_exits_143_and_resumes(tmp_path):
     assert_resumes(tmp_path, step)
 
 
+def test_ctrl_c_writes_a_final_checkpoint_exits_130_and_resumes(tmp_path):
+    """Ctrl-C (SIGINT) exited 130 without a checkpoint: every step since the last one was lost."""
+    code, out, err = start_and_signal(
+        train_argv(tmp_path, "--train_steps", 100000, "--save_checkpoints_steps", 50000),
+        signal.SIGINT, until_step=100)
+    assert code == EXIT_INTERRUPTED, err
+    step = latest_step(tmp_path)
+    assert 100 <= step < 50000
+    assert err.strip() == (f"estimator-dist: interrupted: Ctrl-C (SIGINT) at step {step}: saved "
+                           f"{tmp_path / f'model.ckpt-{step}'}; exit code 130; rerun the same "
+                           f"command to resume from it")
+    assert_resumes(tmp_path, step)
+
+
 def test_sigterm_mid_update_of_accumulate_steps_stops_without_waiting_for_it(tmp_path):
     """An update of 10^6 micro-batches takes minutes; SIGTERM waited for it to end."""
     first = tmp_path / "model.ckpt-0.index"
@@ -202,6 +217,88 @@ def test_kill_9_loses_at_most_the_steps_since_the_last_checkpoint(tmp_path):
     step = latest_step(tmp_path)
     assert step >= 200 and step % 100 == 0
     assert_resumes(tmp_path, step)
+
+
+def test_a_second_run_into_a_model_dir_in_use_is_refused_and_a_killed_one_blocks_nothing(
+        tmp_path):
+    """Two runs into one model_dir both exited 0, their checkpoints interleaved; the lock a
+    kill -9 leaves behind (its file, naming the dead PID) must not block the next run."""
+    first = subprocess.Popen(train_argv(tmp_path, "--train_steps", 100000,
+                                        "--save_checkpoints_steps", 50000),
+                             cwd=REPO, env=environment(), stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in first.stdout:
+            if line.startswith("step "):
+                break
+        else:
+            raise AssertionError(f"the first run ended: {first.wait()}")
+        before = sorted(os.listdir(tmp_path))
+        second = run(train_argv(tmp_path, "--train_steps", 5))
+        assert second.returncode == EXIT_USER, second.stderr
+        assert second.stderr.strip() == (
+            f"estimator-dist: error: --model_dir {tmp_path}: another run (PID {first.pid} on host "
+            f"{socket.gethostname()}) is training into it (it holds {tmp_path}/.estimator-dist.lock); "
+            f"wait for it to end or stop it, or give another --model_dir")
+        assert second.stdout == "" and sorted(os.listdir(tmp_path)) == before
+        first.kill()
+        first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert (tmp_path / ".estimator-dist.lock").exists()  # what the dead run left
+    assert_resumes(tmp_path, 0)
+    assert not (tmp_path / ".estimator-dist.lock").exists()
+
+
+def read_only(how, directory):
+    """A prefix that runs a command with `directory` unwritable even for root (who ignores
+    permission bits): a read-only bind mount in a private mount namespace (EROFS), or the
+    immutable attribute (EPERM, set here; the caller lifts it)."""
+    if how == "read-only mount":
+        return ["unshare", "-m", "sh", "-c",
+                f"mount --bind -o ro '{directory}' '{directory}' && exec \"$@\"", "sh"]
+    subprocess.run(["chattr", "-R", "+i", str(directory)], check=True)
+    return []
+
+
+@pytest.mark.parametrize("how, cause, fix", [
+    ("read-only mount", "the file system is read-only (Read-only file system",
+     "write to a writable directory (or remount it read-write) and rerun"),
+    ("chattr +i", "writing there is not permitted (e.g. an immutable directory, chattr +i) "
+                  "(Operation not permitted", "write to a writable directory (or lift the "
+                                              "attribute) and rerun"),
+])
+def test_an_unwritable_model_dir_names_the_cause_and_exits_5(how, cause, fix, tmp_path):
+    """evaluate exited 1 advising to "check the input's labels"; train/export/report said
+    "free space" for a read-only file system."""
+    model_dir = tmp_path / "run"
+    trained = run(train_argv(model_dir, "--train_steps", 2, "--export", "final"))
+    assert trained.returncode == 0, trained.stderr
+    before = sorted(walk(model_dir))
+    try:
+        prefix = read_only(how, model_dir)
+        commands = {
+            "evaluate": ["evaluate", "--model_dir", str(model_dir)],
+            "export": ["export", "--model_dir", str(model_dir)],
+            "train": train_argv(model_dir, "--train_steps", 4)[3:],
+        }
+        errors = {}
+        for command, argv in commands.items():
+            done = run(prefix + [sys.executable, "-m", "estimator_dist", *argv])
+            errors[command] = done.stderr
+            assert done.returncode == EXIT_STORAGE, (command, done.stderr)
+            assert done.stderr.count("\n") == 1 and cause in done.stderr, (command, done.stderr)
+            assert done.stderr.endswith(f"{fix}\n"), (command, done.stderr)
+        assert errors["evaluate"].startswith(
+            f"estimator-dist: error: evaluating {model_dir}/model.ckpt-2 (writing its metrics) "
+            f"failed: {cause}: {model_dir}/eval_cli); the checkpoints are unchanged; ")
+        assert errors["train"].startswith(
+            f"estimator-dist: error: --model_dir {model_dir}: creating its lock file failed: ")
+    finally:
+        subprocess.run(["chattr", "-R", "-i", str(model_dir)], check=False)
+    assert sorted(walk(model_dir)) == before
 
 
 def fill_disk_at(limit_bytes):

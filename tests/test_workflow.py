@@ -1,5 +1,6 @@
 """Training workflow: early stopping, warm start, best export across restarts, eval by
 seconds, progress output, report, seeded determinism; predict's CSV reading."""
+import json
 import os
 import pty
 import re
@@ -45,6 +46,34 @@ def test_early_stop_on_plateau_stops_before_target_and_evaluates_at_end(tmp_path
     assert any(line.startswith("early stop at step") for line in lines), lines
     assert not any("ran out" in line for line in lines), lines  # an early stop, not the input
     assert max(eval_results(tmp_path)) == summary["global_step"]  # evaluated at the end
+
+
+def test_an_early_stop_exports_the_stopped_step_as_the_final_export(tmp_path):
+    """--early_stop with the default --export final ended exit 0 with "exports": []."""
+    tests = os.path.join(REPO, "tests")
+    summary_json = tmp_path / "summary.json"
+    model_dir = tmp_path / "run"
+    # No evaluation after the first improves by more than 100: a stop after 2 evaluations.
+    done = subprocess.run(
+        [sys.executable, "-m", "estimator_dist", "train", "--import", "guard_models", "--model",
+         "guard_mlp", "--model_dir", str(model_dir), "--train_steps", "100", "--eval_every", "2",
+         "--early_stop", "loss", "--patience", "1", "--min_delta", "100", "--export", "final",
+         "--summary_json", str(summary_json)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": tests}, capture_output=True, text=True,
+        timeout=120)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(summary_json.read_text())
+    step = summary["global_step"]
+    assert step < 100 and len(summary["exports"]) == 1, summary
+    export = summary["exports"][0]
+    assert os.path.dirname(export) == str(model_dir / "export" / "final")
+    assert f"exported: {export}" in done.stdout
+    exported = tf.train.load_variable(os.path.join(export, "variables", "variables"),
+                                      "hidden/kernel")
+    stopped = tf.train.load_variable(str(model_dir / f"model.ckpt-{step}"), "hidden/kernel")
+    np.testing.assert_array_equal(exported, stopped)  # the stopped step's weights
+    earlier = tf.train.load_variable(str(model_dir / "model.ckpt-2"), "hidden/kernel")
+    assert not np.array_equal(exported, earlier)
 
 
 @pytest.mark.parametrize("flags, message", [

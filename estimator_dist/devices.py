@@ -6,7 +6,7 @@ MirroredStrategy over /cpu:0,/cpu:1 hangs forever (TF 2.15, measured).
 """
 import os
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
@@ -57,15 +57,46 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
+# TensorFlow's device configuration; tests hand in a recorder (no GPU exists here).
+TF_CONFIG_API = tf.config
+
+
+def physical_gpus() -> list:
+    """The machine's GPUs (listing them does not start TensorFlow's runtime)."""
+    return TF_CONFIG_API.list_physical_devices("GPU")
+
+
 def gpu_count() -> int:
-    return len(tf.config.list_physical_devices("GPU"))
+    return len(physical_gpus())
 
 
-def resolve(num_devices: int, gpus: int = None) -> Devices:
-    """Devices for `--num_devices` (0 = auto: every GPU, else one CPU)."""
+def claim_gpus(indices: Sequence[int], gpus: Optional[list] = None):
+    """Make only these GPUs visible to this process, each growing its memory as needed.
+
+    Must run before TensorFlow's runtime starts (its first eager op or session): the
+    runtime maps every GPU once and builds each allocator once, after which neither
+    visibility nor `allow_growth` in a session config takes effect (a Horovod rank with
+    local_rank >= 1 then failed: "GPU:0 is being mapped to multiple devices", TF #60810;
+    chief, workers and evaluator on one host each took every GPU's memory).
+    """
+    gpus = physical_gpus() if gpus is None else gpus
+    chosen = [gpus[i] for i in indices]
+    try:
+        TF_CONFIG_API.set_visible_devices(chosen, "GPU")
+        for gpu in chosen:
+            TF_CONFIG_API.experimental.set_memory_growth(gpu, True)
+    except RuntimeError as e:  # the same settings again are no error; others are
+        raise UserError(f"this process started TensorFlow's GPU runtime with other GPUs "
+                        f"visible before asking for {', '.join(g.name for g in chosen)} "
+                        f"({e}); run each configuration in a process of its own") from None
+
+
+def resolve(num_devices: int, gpus: int = None, single_device: bool = False) -> Devices:
+    """Devices for `--num_devices` (0 = auto: every GPU, one for a single-device strategy;
+    else one CPU)."""
     gpus = gpu_count() if gpus is None else gpus
     if gpus:
-        n = num_devices or gpus
+        n = num_devices or (1 if single_device else gpus)
         if n > gpus:
             raise UserError(f"--num_devices {n}: this machine has {gpus} GPU(s); "
                             f"ask for at most {gpus} (or 0 for all)")

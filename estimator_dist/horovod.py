@@ -98,12 +98,24 @@ def init(environ: Mapping[str, str] = os.environ) -> Ranks:
     launched = check_environment(environ)
     hvd = require()
     hvd.init()
-    return Ranks(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
-                 local_size=hvd.local_size(), launched=launched)
+    ranks = Ranks(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+                  local_size=hvd.local_size(), launched=launched)
+    pin_gpu(ranks)
+    return ranks
+
+
+def pin_gpu(ranks: Ranks, gpus: Optional[list] = None):
+    """This rank's GPU (its local rank's) as the process's only one, before any TF op runs:
+    the first eager op (agree_on's broadcast) starts the runtime, which maps every GPU."""
+    gpus = devices_lib.physical_gpus() if gpus is None else gpus
+    if gpus:
+        check_gpus(ranks, len(gpus))
+        devices_lib.claim_gpus([ranks.local_rank], gpus)
 
 
 def devices(num_devices: int, gpus: Optional[int] = None) -> devices_lib.Devices:
-    """One device per rank: a GPU (the local rank's, see session_config) or one CPU."""
+    """One device per rank: a GPU (the local rank's, the only one pin_gpu left visible) or
+    one CPU."""
     if num_devices > 1:
         raise UserError(f"--strategy horovod runs one device per rank, got --num_devices "
                         f"{num_devices}; start more ranks instead (cluster --launcher horovod "
@@ -120,12 +132,11 @@ def check_gpus(ranks: Ranks, gpus: int):
 
 def session_config(base: tf.compat.v1.ConfigProto, devs: devices_lib.Devices,
                    ranks: Ranks, cores: int) -> tf.compat.v1.ConfigProto:
-    """The session of one rank: its own GPU, or its share of the host's cores."""
+    """The session of one rank: its share of the host's cores (a GPU rank sees only its own
+    GPU already, pin_gpu)."""
     config = tf.compat.v1.ConfigProto()
     config.CopyFrom(base)
-    if devs.kind == "GPU":
-        config.gpu_options.visible_device_list = str(ranks.local_rank)
-    elif ranks.local_size > 1:
+    if devs.kind == "CPU" and ranks.local_size > 1:
         # N ranks share the host's cores; each using all of them oversubscribes the
         # CPU (and gloo's threads) N times over.
         config.intra_op_parallelism_threads = max(1, cores // ranks.local_size)

@@ -240,9 +240,11 @@ def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None)
     ranks = hvd_lib.init() if name == "horovod" else None
     workers = spec.num_workers if spec and spec.is_distributed else ranks.size if ranks else 1
     devices = (hvd_lib.devices(config.distribute.num_devices) if ranks
-               else devices_lib.resolve(config.distribute.num_devices))
-    if ranks:
-        hvd_lib.check_gpus(ranks, devices_lib.gpu_count())
+               else devices_lib.resolve(config.distribute.num_devices,
+                                        single_device=strategies.runs_one_device(name)))
+    claimed = strategies.gpus_to_claim(name, devices)
+    if claimed:
+        devices_lib.claim_gpus(claimed)
     per_replica = _per_replica_batch(config, devices, workers)
     if input_meta is None:
         input_meta = run_prepare(input_entry, input_params(config, per_replica))
@@ -266,7 +268,9 @@ def check_cluster_run(config: config_lib.Config, workers: int, local: bool):
     if config.distribute.strategy == "horovod":
         devices = hvd_lib.devices(n, gpus=None if local else n)
     else:
-        devices = devices_lib.resolve(n, gpus=None if local else n)
+        devices = devices_lib.resolve(n, gpus=None if local else n,
+                                      single_device=strategies.runs_one_device(
+                                          config.distribute.strategy))
     per_replica = _per_replica_batch(config, devices, workers)
     if local:
         run_prepare(input_entry, input_params(config, per_replica))

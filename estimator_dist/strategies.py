@@ -8,7 +8,7 @@ either: each process is one rank, and the model_fn's optimizer averages the
 gradients over the ranks (horovod.py, horovod_train.py).
 """
 import difflib
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import tensorflow as tf
 
@@ -89,6 +89,20 @@ def check_name(name: str):
         close = difflib.get_close_matches(name, names(), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise UserError(f"--strategy {name}: unknown; choose one of {', '.join(names())}{hint}")
+
+
+def runs_one_device(name: str) -> bool:
+    """`--num_devices 0` (auto) means one device, not every GPU."""
+    return name in SINGLE_DEVICE
+
+
+def gpus_to_claim(name: str, devices: Devices) -> Tuple[int, ...]:
+    """The GPUs this process keeps visible (claim_gpus): the ones it computes on. A cluster
+    strategy would otherwise use every visible GPU while the batch split counts
+    --num_devices (8 GPUs, --num_devices 2: a global batch 4x what was asked)."""
+    if devices.kind != "GPU" or name == "horovod":  # horovod pins its rank's GPU itself
+        return ()
+    return tuple(range(devices.count))
 
 
 def check_devices(name: str, devices: Devices):

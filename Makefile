@@ -21,8 +21,11 @@ BENCH_DIR ?= runs/bench
 LAUNCHER ?=
 HOROVOD ?= horovod==0.28.1
 HOROVOD_STAMP := $(VENV)/.horovod
+# GPU=1 builds Horovod's GPU all-reduce too (NCCL, needs the CUDA toolkit's nvcc): without it
+# GPU gradients go through host memory and gloo.
 HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-  HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=gloo
+  HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=gloo \
+  $(if $(GPU),HOROVOD_GPU_OPERATIONS=NCCL)
 HVD := $(filter horovod,$(LAUNCHER) $(STRATEGY))
 
 .PHONY: venv horovod train test bench export predict list cluster clean distclean

@@ -5,6 +5,7 @@ import sys
 import textwrap
 
 import pytest
+import tensorflow as tf
 
 from conftest import REPO
 from estimator_dist import devices as devices_lib
@@ -135,3 +136,26 @@ def test_horovod_pins_before_any_tensorflow_op_runs(order, expected):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert expected in result.stdout and "agreed 7" in result.stdout
+
+
+def test_gpu_strategies_choose_nccl_and_keep_one_gpus_variables_on_it():
+    gpu2 = devices_lib.Devices(("/gpu:0", "/gpu:1"), "GPU")
+    gpu1 = devices_lib.Devices(("/gpu:0",), "GPU")
+    cpu2 = devices_lib.Devices(("/cpu:0", "/cpu:1"), "CPU")
+    nccl = tf.distribute.experimental.CommunicationImplementation.NCCL
+    auto = tf.distribute.experimental.CommunicationImplementation.AUTO
+    assert strategies.communication(gpu2).implementation == nccl
+    assert strategies.communication(cpu2).implementation == auto
+    assert strategies.parameter_device(gpu1) == "/gpu:0"
+    assert strategies.parameter_device(gpu2) == strategies.parameter_device(cpu2) == "/cpu:0"
+
+
+@pytest.mark.parametrize("gpu,expected", [("1", 1), ("", 0)])
+def test_make_gpu_1_builds_horovod_with_nccl(gpu, expected):
+    """The Makefile's Horovod build line (a dry run: nothing is built)."""
+    result = subprocess.run(["make", "-n", "-B", "horovod", f"GPU={gpu}"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    build = [line for line in result.stdout.splitlines() if "pip install" in line and
+             "horovod" in line]
+    assert len(build) == 1 and build[0].count("HOROVOD_GPU_OPERATIONS=NCCL") == expected

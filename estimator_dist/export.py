@@ -14,6 +14,27 @@ from estimator_dist.errors import UserError
 EXPORT_SUBDIR = "export"
 
 
+# The serving input of a model whose features are one tensor, not a dict
+# (input_meta["plain_features"]): the SavedModel's signature takes it under this name and
+# the model_fn is handed the tensor itself (runner.serving_checked).
+PLAIN_FEATURE = "input"
+
+
+def inferred_serving_features(element_spec) -> Dict[str, Any]:
+    """input_meta for an input registered without prepare(): serving_features from the
+    features of its training dataset's elements (batch dimension dropped), and
+    plain_features when they are one tensor rather than a dict."""
+    features = element_spec[0] if isinstance(element_spec, tuple) else element_spec
+    plain = isinstance(features, tf.TensorSpec)
+    named = {PLAIN_FEATURE: features} if plain else features
+    if not isinstance(named, dict) or not named or not all(
+            isinstance(s, tf.TensorSpec) and s.shape.rank for s in named.values()):
+        return {}
+    meta = {"serving_features": {name: [s.shape.as_list()[1:], s.dtype.name]
+                                 for name, s in named.items()}}
+    return {**meta, "plain_features": True} if plain else meta
+
+
 def serving_input_fn(serving_features: Mapping[str, Any]):
     """A receiver fn taking one raw tensor per feature, batch dimension first."""
 
@@ -60,7 +81,8 @@ def _tensor_spec_text(value) -> str:
     return f"[{dims}, '{value.dtype.base_dtype.name}']"
 
 
-def check_training_features(features, serving_features: Mapping[str, Any], input_name: str):
+def check_training_features(features, serving_features: Mapping[str, Any], input_name: str,
+                            plain: bool = False):
     """UserError unless every serving feature is among the features the input yields in
     training, with its dtype and static shape without the batch dimension (unknown dims
     match anything): checked on the TRAIN graph's own feature tensors, so a disagreement
@@ -68,7 +90,9 @@ def check_training_features(features, serving_features: Mapping[str, Any], input
     predict.
 
     Features the input yields beyond serving_features are allowed: a model_fn may read
-    some only in training (e.g. example weights).
+    some only in training (e.g. example weights). Features that are one tensor need
+    `plain` (input_meta["plain_features"]): without it the SavedModel would hand the
+    model_fn a dict.
     """
     fix = "make the input's prepare() serving_features match what its input_fn yields"
     if not isinstance(features, dict):
@@ -76,6 +100,11 @@ def check_training_features(features, serving_features: Mapping[str, Any], input
             raise UserError(f"input '{input_name}' yields features that are not a dict of named "
                             f"tensors ({type(features).__name__}), but its serving_features name "
                             f"{', '.join(map(repr, serving_features))}; {fix}")
+        if not plain:
+            raise UserError(f"input '{input_name}' yields one tensor as features, not a dict; "
+                            f"its prepare() must also return 'plain_features': True, or a "
+                            f"SavedModel exported from this run would hand the model_fn a dict "
+                            f"(or register the input without prepare(), to infer both)")
         features = {next(iter(serving_features)): features}
     for name, (shape, dtype) in serving_features.items():
         value = features.get(name)

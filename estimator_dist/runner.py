@@ -7,7 +7,6 @@ model_dir untouched.
 import contextlib
 import glob
 import importlib
-import inspect
 import json
 import os
 import re
@@ -121,7 +120,8 @@ class Plan:
         # What the input's prepare() resolved (e.g. the real data_dir) wins.
         return {
             **input_params(c, self.per_replica_batch),
-            **{k: v for k, v in self.input_meta.items() if k != "serving_features"},
+            **{k: v for k, v in self.input_meta.items()
+               if k not in ("serving_features", "plain_features")},
             "global_batch_size": self.global_batch,
             "num_replicas": self.replicas,
             "lr_scale": float(self.replicas) if c.distribute.scale_lr else 1.0,
@@ -174,9 +174,10 @@ def reported_cause(error: BaseException) -> Optional[ReportedError]:
 def run_prepare(entry: Entry, params) -> Dict[str, Any]:
     """The input's prepare() metadata, checked: a dict of plain data with serving_features,
     overriding none of the run's settings or hparams."""
+    if entry.prepare is None:
+        return inferred_input_meta(entry, params)
     where = f"input '{entry.name}': its prepare()"
-    meta = users_code(lambda: entry.prepare(params) if entry.prepare else {},
-                      f"{where} failed", "fix the input")
+    meta = users_code(lambda: entry.prepare(params), f"{where} failed", "fix the input")
     if not isinstance(meta, dict):
         raise UserError(f"{where} returned {type(meta).__name__}; it must return a dict with "
                         f"serving_features (see README, Bring your own model)")
@@ -196,6 +197,22 @@ def run_prepare(entry: Entry, params) -> Dict[str, Any]:
         raise UserError(f"{where} returned data that is not plain JSON ({e}); return lists, "
                         f"numbers and strings") from None
     export_lib.check_serving_features(meta["serving_features"], where)
+    return meta
+
+
+def inferred_input_meta(entry: Entry, params) -> Dict[str, Any]:
+    """An input registered without prepare(): its serving features are those its TRAIN
+    dataset yields, read from a scratch graph (export.inferred_serving_features)."""
+    fn = checked_input(entry.fn, entry.name, eval_steps=1)
+    with tf.Graph().as_default():
+        data = fn(tf.estimator.ModeKeys.TRAIN, params)
+        spec = data.element_spec if isinstance(data, tf.data.Dataset) else None
+    meta = export_lib.inferred_serving_features(spec) if spec is not None else {}
+    if not meta:
+        raise UserError(f"input '{entry.name}' has no prepare() and its training elements do "
+                        f"not show the serving features (a tf.data.Dataset of (features, "
+                        f"labels) with features of known rank is needed); register it with "
+                        f"prepare= returning serving_features (see README)")
     return meta
 
 
@@ -299,8 +316,10 @@ def build_model_fn(p: Plan):
     Outermost, --mixed_precision: the whole graph build runs under its Keras policy.
     """
     d = p.config.distribute
-    model_fn = serving_checked(seeded(p.model.fn, p.config.train.seed),
-                               p.input_meta["serving_features"], p.input.name)
+    model_fn = serving_checked(seeded(model_fn_wrap.estimator_call(p.model.fn),
+                                      p.config.train.seed),
+                               p.input_meta["serving_features"], p.input.name,
+                               plain=bool(p.input_meta.get("plain_features")))
     if d.strategy == "horovod":
         model_fn = horovod_train.wrap_model_fn(model_fn, p.model.name)
     elif d.strategy == "tower" or d.accumulate_steps > 1:
@@ -315,19 +334,23 @@ def build_model_fn(p: Plan):
     return reported_build_errors(model_fn, p.model.name)
 
 
-def serving_checked(model_fn, serving_features, input_name: str):
+def serving_checked(model_fn, serving_features, input_name: str, plain: bool = False):
     """A TRAIN graph's features must be what the input's serving_features promise
     (export.check_training_features): refused before the first step, not in predict.
+    With plain features (one tensor) the serving receiver's one-entry dict is handed to
+    the model_fn as the tensor it takes in training.
 
     Innermost: it sees exactly what the model_fn is given (a replica's, a tower's slice).
+    model_fn: with the full signature (model_fn_wrap.estimator_call).
     """
-    def call(arguments, build):
-        if arguments.get("mode") == model_fn_wrap.TRAIN:
-            export_lib.check_training_features(arguments.get("features"), serving_features,
-                                               input_name)
-        return build()
+    def checked_model_fn(features, labels, mode, params, config):
+        if mode == model_fn_wrap.TRAIN:
+            export_lib.check_training_features(features, serving_features, input_name, plain)
+        if plain and isinstance(features, dict) and len(features) == 1:
+            features = next(iter(features.values()))
+        return model_fn(features, labels, mode, params, config)
 
-    return model_fn_wrap.around_arguments(model_fn, call)
+    return checked_model_fn
 
 
 def memory_checked(model_fn, enabled: bool):
@@ -466,16 +489,17 @@ def build_estimator(p: Plan, run_config, warm_start=None) -> tf.estimator.Estima
 
 
 def make_input_fn(p: Plan, mode):
+    """An Estimator input_fn `(config, input_context)` calling the registered one as
+    Estimator would (model_fn_wrap.input_call), checked."""
     params = p.params()
     fn = checked_input(p.input.fn, p.input.name, p.config.train.eval_steps)
-    takes_context = _takes_context(fn)
     if p.ranks and mode == tf.estimator.ModeKeys.TRAIN:
         return horovod_train.train_input_fn(fn, params, p.ranks.rank, p.ranks.size, p.input.name)
     if p.ranks:  # rank 0 evaluates alone, on one device: --eval_steps counts global batches
         params = {**params, "batch_size": p.global_batch}
 
-    def input_fn(input_context=None):
-        data = fn(mode, params, input_context) if takes_context else fn(mode, params)
+    def input_fn(config=None, input_context=None):
+        data = fn(mode, params, config, input_context)
         if mode == tf.estimator.ModeKeys.TRAIN:
             memory.check_batch_fits(data, params, p.input.name)
         return data
@@ -484,18 +508,20 @@ def make_input_fn(p: Plan, mode):
 
 
 def checked_input(fn, name: str, eval_steps: int):
-    """The registered input_fn (same signature), its failures one line, its result checked
+    """The registered input_fn as `(mode, params, config=None, input_context=None)`
+    (model_fn_wrap.input_call), its failures one line, its result checked
     (check_input_result)."""
-    def call(mode, params, *context):
-        data = users_code(lambda: fn(mode, params, *context),
+    fn = model_fn_wrap.input_call(fn)
+
+    def call(mode, params, config=None, input_context=None):
+        data = users_code(lambda: fn(mode, params, config, input_context),
                           f"input '{name}' failed in its {mode} call",
                           "fix its input_fn (it returns a tf.data.Dataset of (features, labels))")
         check_input_result(data, name, mode, eval_steps)
         return data
 
-    if _takes_context(fn):
-        return lambda mode, params, input_context=None: call(mode, params, input_context)
-    return lambda mode, params: call(mode, params)
+    call.takes_context = fn.takes_context
+    return call
 
 
 def check_input_result(data, name: str, mode, eval_steps: int):
@@ -515,10 +541,6 @@ def check_input_result(data, name: str, mode, eval_steps: int):
         raise UserError(f"input '{name}' returned tensors, not a tf.data.Dataset, from its "
                         f"eval call: with --eval_steps 0 (the whole eval set) the evaluation "
                         f"would never end; return a tf.data.Dataset, or give --eval_steps N")
-
-
-def _takes_context(fn) -> bool:
-    return "input_context" in inspect.signature(fn).parameters
 
 
 def build_specs(p: Plan, hooks):
@@ -568,6 +590,13 @@ def horovod_hooks(p: Plan, estimator, progress: ProgressHook, say):
 def checkpoint_step(model_dir: str) -> Optional[int]:
     latest = tf.train.latest_checkpoint(model_dir) if os.path.isdir(model_dir) else None
     return int(latest.rsplit("-", 1)[1]) if latest else None
+
+
+def plain_features_note(p: Plan) -> str:
+    """Where a model's one-tensor features go in a SavedModel (export.PLAIN_FEATURE)."""
+    (name, (shape, dtype)), = p.input_meta["serving_features"].items()
+    return (f"features are one tensor, not a dict: SavedModels take it as serving input "
+            f"'{name}' {shape} {dtype} (predict --input: one .npy array or CSV column '{name}')")
 
 
 def describe(p: Plan) -> str:
@@ -734,6 +763,8 @@ def _train(p: Plan, out) -> Dict[str, Any]:
         cluster_lib.apply(p.cluster)
     say = out if p.role in ("local", "chief", "evaluator") else silent
     say(describe(p))
+    if p.input_meta.get("plain_features"):
+        say(plain_features_note(p))
     note = precision.cpu_note(config.compute.mixed_precision)
     if note:
         say(note)

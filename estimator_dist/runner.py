@@ -42,7 +42,7 @@ from estimator_dist import towers
 from estimator_dist import xla
 from estimator_dist.errors import (OutOfMemory, ReportedError, TrainingFailed, UserError,
                                    first_line, op_error_line)
-from estimator_dist.hooks import ProgressHook
+from estimator_dist.hooks import ProgressHook, TrainOpCheckHook
 from estimator_dist.registry import INPUTS, MODELS, Entry, check_data_flags
 
 
@@ -570,6 +570,14 @@ def training_hooks(p: Plan, estimator, progress: ProgressHook, say):
     return hooks
 
 
+def train_op_check(p: Plan) -> TrainOpCheckHook:
+    """The hook that stops a train_op that cannot train (global step or weights that never
+    move) after its first few updates."""
+    return TrainOpCheckHook(p.model.name, runs_per_step=p.config.distribute.accumulate_steps,
+                            weights_check_steps=p.config.train.weights_check_steps,
+                            learning_rate=p.params().get("learning_rate"))
+
+
 def horovod_hooks(p: Plan, estimator, progress: ProgressHook, say):
     """Broadcast first (before anything reads the step), then stop-together, then progress.
 
@@ -743,7 +751,8 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
     """Train and evaluate as configured (this process's part of a cluster); returns the summary.
 
     A run refused (UserError) or out of memory (OutOfMemory: a model or batch too large for
-    the machine) before its first checkpoint leaves no model_dir it created.
+    the machine) before a checkpoint of a trained step (Estimator saves step 0's initial
+    weights first: a train_op refused by TrainOpCheckHook) leaves no model_dir it created.
     """
     p = plan(config)
     created = p.writes_run_files and not os.path.exists(p.model_dir)
@@ -751,7 +760,7 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
         return _train(p, out)
     except (UserError, OutOfMemory):
         if created and os.path.isdir(p.model_dir) and \
-                not checkpoints_lib.complete_checkpoints(p.model_dir):
+                not any(step > 0 for step in checkpoints_lib.complete_checkpoints(p.model_dir)):
             shutil.rmtree(p.model_dir, ignore_errors=True)
         raise
 
@@ -845,7 +854,7 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
                             bar_stream=sys.stdout if out is print and sys.stdout.isatty()
                             and p.writes_run_files else None,
                             summary_dir=p.model_dir if p.writes_run_files else None)
-    hooks = training_hooks(p, estimator, progress, say)
+    hooks = training_hooks(p, estimator, progress, say) + [train_op_check(p)]
     train_spec, eval_spec = build_specs(p, hooks)
     started = time.perf_counter()
     with guards.TrainingGuard(p.model_dir, config.distribute.accumulate_steps, p.role,

@@ -38,6 +38,7 @@ from estimator_dist import preemption
 from estimator_dist import quiet
 from estimator_dist import saver_hook
 from estimator_dist import strategies
+from estimator_dist import sync_replicas
 from estimator_dist import towers
 from estimator_dist import xla
 from estimator_dist.errors import (OutOfMemory, ReportedError, TrainingFailed, UserError,
@@ -316,8 +317,10 @@ def build_model_fn(p: Plan):
     Outermost, --mixed_precision: the whole graph build runs under its Keras policy.
     """
     d = p.config.distribute
-    model_fn = serving_checked(seeded(model_fn_wrap.estimator_call(p.model.fn),
-                                      p.config.train.seed),
+    user_fn = sync_replicas.checked(
+        model_fn_wrap.estimator_call(p.model.fn),
+        refused_by=strategies.sync_replicas_refused_by(d.strategy, d.accumulate_steps))
+    model_fn = serving_checked(seeded(user_fn, p.config.train.seed),
                                p.input_meta["serving_features"], p.input.name,
                                plain=bool(p.input_meta.get("plain_features")))
     if d.strategy == "horovod":

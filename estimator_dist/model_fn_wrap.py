@@ -49,7 +49,7 @@ def estimator_call(model_fn):
     """
     takes = set(inspect.signature(model_fn).parameters)
 
-    def call(features, labels, mode, params, config):
+    def call(features, labels, mode, params, config=None):
         if labels is not None and "labels" not in takes:
             raise UserError("model_fn does not take labels, but its input_fn returns "
                             "(features, labels); add a labels argument or return features only")

@@ -346,7 +346,7 @@ def serving_checked(model_fn, serving_features, input_name: str, plain: bool = F
     Innermost: it sees exactly what the model_fn is given (a replica's, a tower's slice).
     model_fn: with the full signature (model_fn_wrap.estimator_call).
     """
-    def checked_model_fn(features, labels, mode, params, config):
+    def checked_model_fn(features, labels, mode, params, config=None):
         if mode == model_fn_wrap.TRAIN:
             export_lib.check_training_features(features, serving_features, input_name, plain)
         if plain and isinstance(features, dict) and len(features) == 1:

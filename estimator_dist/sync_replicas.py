@@ -54,7 +54,7 @@ def checked(model_fn, refused_by: Optional[str]):
     Innermost, next to the user's function: it must see the spec before tower, accumulation
     or Horovod reject its own train_op, and the optimizer's own error under a strategy.
     """
-    def sync_checked_model_fn(features, labels, mode, params, config):
+    def sync_checked_model_fn(features, labels, mode, params, config=None):
         try:
             spec = model_fn(features, labels, mode, params, config)
         except Exception as e:  # noqa: BLE001 - only its own failure is turned into the line

@@ -5,8 +5,8 @@ The user module is the "Estimator + MirroredStrategy" example of TensorFlow's di
 guide, verbatim but for the compat.v1 spelling, plus the one-line change that makes it
 train here (`estimator_dist.minimize(loss)`), imported with --import from a temp dir.
 """
-import glob
 import os
+import re
 import subprocess
 import sys
 import time
@@ -348,3 +348,45 @@ def test_weights_check_steps_must_not_be_negative(tmp_path):
                                         r"check off\)$"):
         runner.train(make_config("digits", weights_check_steps=-1,
                                  model_dir=str(tmp_path / "r")))
+
+
+HOROVOD_MODULE = '''
+import numpy as np
+import tensorflow as tf
+import estimator_dist as ed
+
+X = np.random.RandomState(0).randn(64, 2).astype(np.float32)
+Y = X @ np.array([[1.0], [-2.0]], np.float32) + 0.5
+
+
+@ed.register_input("plain_pairs")
+def input_fn(input_context, params):
+    ds = tf.data.Dataset.from_tensor_slices((X, Y))
+    if input_context is not None:  # None where no strategy gives one
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    return ds.repeat().batch(params["batch_size"])
+
+
+@ed.register_model("no_params")
+def model_fn(features, labels, mode):
+    prediction = tf.compat.v1.layers.dense(features, 1)
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={"y": prediction})
+    loss = tf.compat.v1.losses.mean_squared_error(labels, prediction)
+    if mode == tf.estimator.ModeKeys.EVAL:
+        return tf.estimator.EstimatorSpec(mode, loss=loss)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=ed.minimize(loss))
+'''
+
+
+def test_two_horovod_ranks_train_a_model_fn_without_params(tmp_path):
+    pytest.importorskip("horovod")
+    (tmp_path / "no_params_module.py").write_text(HOROVOD_MODULE)
+    done = cli(tmp_path, "cluster", "--launcher", "horovod", "--workers", 2, "--import",
+               "no_params_module", "--model", "no_params", "--input", "plain_pairs",
+               "--batch_size", 8, "--train_steps", 30, "--eval_steps", 2, "--model_dir",
+               tmp_path / "hvd", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "strategy horovod on rank 0 of 2" in done.stdout
+    loss = float(re.search(r"\[rank:0\] done: step 30  loss (\S+)", done.stdout).group(1))
+    assert loss < 0.1, done.stdout

@@ -5,7 +5,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from estimator_dist.errors import UserError
+from estimator_dist.errors import UntrainableTrainOp
 
 # Steps whose duration exceeds this many times the median contain a checkpoint
 # save and the evaluation it triggers; they are not training throughput.
@@ -262,12 +262,12 @@ class TrainOpCheckHook(tf.compat.v1.train.SessionRunHook):
         if updates == STEP_CHECK_UPDATES:
             step = int(session.run(self._global_step))
             if step == self._start_step:
-                raise UserError(self._step_message(updates, step))
+                raise UntrainableTrainOp(self._step_message(updates, step))
         if updates == self._weights_steps and self._start_weights is not None:
             loss = (run_values.results or {}).get("loss")
             moved = (session.run(self._fingerprint) != self._start_weights).any()
             if not moved and loss is not None and np.isfinite(loss) and loss != 0:
-                raise UserError(self._weights_message(updates, float(loss)))
+                raise UntrainableTrainOp(self._weights_message(updates, float(loss)))
 
     def _step_message(self, updates: int, step: int) -> str:
         return (f"model '{self._model}': its train_op did not advance the global step in "

@@ -41,8 +41,8 @@ from estimator_dist import strategies
 from estimator_dist import sync_replicas
 from estimator_dist import towers
 from estimator_dist import xla
-from estimator_dist.errors import (OutOfMemory, ReportedError, TrainingFailed, UserError,
-                                   first_line, op_error_line)
+from estimator_dist.errors import (OutOfMemory, ReportedError, TrainingFailed,
+                                   UntrainableTrainOp, UserError, first_line, op_error_line)
 from estimator_dist.hooks import ProgressHook, TrainOpCheckHook
 from estimator_dist.registry import INPUTS, MODELS, Entry, check_data_flags
 
@@ -754,16 +754,18 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
     """Train and evaluate as configured (this process's part of a cluster); returns the summary.
 
     A run refused (UserError) or out of memory (OutOfMemory: a model or batch too large for
-    the machine) before a checkpoint of a trained step (Estimator saves step 0's initial
-    weights first: a train_op refused by TrainOpCheckHook) leaves no model_dir it created.
+    the machine) before its first checkpoint leaves no model_dir it created; so does a
+    train_op refused after its first updates (UntrainableTrainOp), which trained nothing:
+    its only checkpoint holds step 0's initial weights.
     """
     p = plan(config)
     created = p.writes_run_files and not os.path.exists(p.model_dir)
     try:
         return _train(p, out)
-    except (UserError, OutOfMemory):
-        if created and os.path.isdir(p.model_dir) and \
-                not any(step > 0 for step in checkpoints_lib.complete_checkpoints(p.model_dir)):
+    except (UserError, OutOfMemory) as e:
+        steps = checkpoints_lib.complete_checkpoints(p.model_dir)
+        untrained = not steps or (isinstance(e, UntrainableTrainOp) and set(steps) == {0})
+        if created and os.path.isdir(p.model_dir) and untrained:
             shutil.rmtree(p.model_dir, ignore_errors=True)
         raise
 

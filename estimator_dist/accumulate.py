@@ -73,6 +73,7 @@ def build_train_op(optimizer, grads_and_vars, num_examples, accumulate_steps=1, 
         with tf.control_dependencies(list(update_ops)):
             checked = numerics.guard(loss, grads_and_vars, num_examples)
             return optimizer.apply_gradients(checked, global_step=global_step), []
+    numerics.require_gradients(grads_and_vars)
     pairs = [(g, v) for g, v in grads_and_vars if g is not None]
     count = tf.cast(num_examples, tf.float32)
     with tf.compat.v1.variable_scope("accumulate", reuse=tf.compat.v1.AUTO_REUSE):

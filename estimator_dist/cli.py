@@ -99,6 +99,9 @@ TRAIN_FLAGS = {
                                    "runs/MODEL)"),
     "summary_json": (_or_leave_out("a file path", "no summary file"),
                      "write final metrics, global step, exports, examples/sec here"),
+    "weights_check_steps": (int, "stop a fresh run in which no trainable variable changed "
+                                 "over its first K updates (default 3; 0 = off, for "
+                                 "deliberate freezing)"),
 }
 
 

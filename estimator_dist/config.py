@@ -66,6 +66,7 @@ class TrainConfig:
     warm_start_vars: str = ".*"
     model_dir: str = ""
     summary_json: str = ""
+    weights_check_steps: int = 3
 
 
 @dataclass(frozen=True)
@@ -464,6 +465,9 @@ def _validate_workflow(t: "TrainConfig"):
         raise UserError(f"--eval_every_secs {t.eval_every_secs} with --eval_every/"
                         f"--save_checkpoints_steps: evaluation follows checkpoints, so give "
                         f"steps or seconds, not both")
+    if t.weights_check_steps < 0:
+        raise UserError(f"--weights_check_steps {t.weights_check_steps}: must be >= 0 (0 turns "
+                        f"the check off)")
     if t.patience < 1:
         raise UserError(f"--patience {t.patience}: must be >= 1 (evaluations without improvement)")
     if t.min_delta < 0:

@@ -51,6 +51,11 @@ class UserError(ReportedError):
     exit_code = EXIT_USER
 
 
+class UntrainableTrainOp(UserError):
+    """A train_op that cannot train (hooks.TrainOpCheckHook), found after its first updates:
+    only step 0's initial weights were saved, so a model_dir the run created is removed."""
+
+
 class NonFiniteError(ReportedError):
     """The loss or a gradient became NaN or Inf: training stopped before applying that step."""
 

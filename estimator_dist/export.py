@@ -17,6 +17,12 @@ EXPORT_SUBDIR = "export"
 # Where the receiver leaves the serialized tf.Example input (heads.py's classification and
 # regression signatures take it, as TF Serving's :classify and :regress do).
 EXAMPLES_COLLECTION = "estimator_dist_serialized_examples"
+# The serving input of a model whose features are one tensor, not a dict
+# (input_meta["plain_features"]): the SavedModel's signature takes it under this name and
+# the model_fn is handed the tensor itself (runner.serving_checked).
+PLAIN_FEATURE = "input"
+
+
 def _example_dtype(dtype: tf.DType) -> Optional[tf.DType]:
     """What tf.Example holds a feature of `dtype` as (float32, int64, bytes; parsed, then cast)."""
     if dtype == tf.string:
@@ -96,19 +102,19 @@ def check_serving_features(serving_features, where: str):
                             f"as 'float32'], {example}")
 
 
-# The serving input's name when an input's features are one tensor, not a dict.
-SINGLE_FEATURE = "input"
-
-
-def serving_features_from_dataset(dataset, input_name: str) -> Dict[str, Any]:
-    """serving_features read off a TRAIN dataset's element_spec: each feature's dtype and its
-    shape without the batch dimension (an unknown dimension stays open)."""
-    spec = dataset.element_spec if isinstance(dataset, tf.data.Dataset) else None
-    if not isinstance(spec, (tuple, list)) or not spec:
+def inferred_serving_features(dataset, input_name: str) -> Dict[str, Any]:
+    """input_meta for an input whose prepare() gives no serving_features (or that has none):
+    serving_features read off its TRAIN dataset's element_spec, each feature's dtype and
+    shape without the batch dimension (an unknown dimension stays open), and plain_features
+    when the features are one tensor rather than a dict."""
+    if not isinstance(dataset, tf.data.Dataset):
         raise UserError(f"input '{input_name}': cannot infer a serving signature from what its "
                         f"input_fn returns ({type(dataset).__name__}); return a tf.data.Dataset "
                         f"of (features, labels), or serving_features from a prepare()")
-    features = spec[0] if isinstance(spec[0], dict) else {SINGLE_FEATURE: spec[0]}
+    spec = dataset.element_spec
+    features = spec[0] if isinstance(spec, tuple) and spec else spec  # labels are optional
+    plain = not isinstance(features, dict)
+    features = {PLAIN_FEATURE: features} if plain else features
     inferred = {}
     for name, feature in features.items():
         if not isinstance(feature, tf.TensorSpec) or feature.shape.rank is None or \
@@ -119,7 +125,7 @@ def serving_features_from_dataset(dataset, input_name: str) -> Dict[str, Any]:
                             f"input cannot be inferred; return serving_features "
                             f"{{{name!r}: [shape without batch, dtype]}} from a prepare()")
         inferred[name] = [feature.shape.as_list()[1:], feature.dtype.name]
-    return inferred
+    return {"serving_features": inferred, **({"plain_features": True} if plain else {})}
 
 
 def describe_serving_features(serving_features: Mapping[str, Any]) -> str:
@@ -137,7 +143,8 @@ def _tensor_spec_text(value) -> str:
     return f"[{dims}, '{value.dtype.base_dtype.name}']"
 
 
-def check_training_features(features, serving_features: Mapping[str, Any], input_name: str):
+def check_training_features(features, serving_features: Mapping[str, Any], input_name: str,
+                            plain: bool = False):
     """UserError unless every serving feature is among the features the input yields in
     training, with its dtype and static shape without the batch dimension (unknown dims
     match anything): checked on the TRAIN graph's own feature tensors, so a disagreement
@@ -145,7 +152,9 @@ def check_training_features(features, serving_features: Mapping[str, Any], input
     predict.
 
     Features the input yields beyond serving_features are allowed: a model_fn may read
-    some only in training (e.g. example weights).
+    some only in training (e.g. example weights). Features that are one tensor need
+    `plain` (input_meta["plain_features"]): without it the SavedModel would hand the
+    model_fn a dict.
     """
     fix = "make the input's prepare() serving_features match what its input_fn yields"
     if not isinstance(features, dict):
@@ -153,6 +162,11 @@ def check_training_features(features, serving_features: Mapping[str, Any], input
             raise UserError(f"input '{input_name}' yields features that are not a dict of named "
                             f"tensors ({type(features).__name__}), but its serving_features name "
                             f"{', '.join(map(repr, serving_features))}; {fix}")
+        if not plain:
+            raise UserError(f"input '{input_name}' yields one tensor as features, not a dict; "
+                            f"its prepare() must also return 'plain_features': True, or a "
+                            f"SavedModel exported from this run would hand the model_fn a dict "
+                            f"(or register the input without prepare(), to infer both)")
         features = {next(iter(serving_features)): features}
     for name, (shape, dtype) in serving_features.items():
         value = features.get(name)

@@ -15,11 +15,10 @@
 - hooks: broadcast every variable from rank 0 once the session exists (fresh or
   restored), and stop every rank on the same step when a vote says so.
 """
-import inspect
-
 import tensorflow as tf
 
 from estimator_dist import memory
+from estimator_dist import model_fn_wrap
 from estimator_dist import numerics
 from estimator_dist import train_op as train_op_lib
 from estimator_dist.errors import UserError
@@ -37,22 +36,21 @@ def _hvd():
     return hvd
 
 
-def takes_context(fn) -> bool:
-    return "input_context" in inspect.signature(fn).parameters
-
-
 def train_input_fn(fn, params, rank: int, size: int, input_name: str):
-    """The TRAIN input_fn of one rank: its shard, flagged, never running out."""
+    """The TRAIN input_fn of one rank: its shard, flagged, never running out.
 
-    def input_fn():
+    fn: `(mode, params, config, input_context)` with a `takes_context` attribute
+    (runner.checked_input).
+    """
+    def input_fn(config=None):
         context = tf.distribute.InputContext(num_input_pipelines=size, input_pipeline_id=rank,
                                              num_replicas_in_sync=size)
-        ds = fn(TRAIN, params, context) if takes_context(fn) else fn(TRAIN, params)
+        ds = fn(TRAIN, params, config, context)
         if not isinstance(ds, tf.data.Dataset):
             raise UserError(f"input '{input_name}' returned {type(ds).__name__}; under --strategy "
                             f"horovod an input_fn must return a tf.data.Dataset")
         memory.check_batch_fits(ds, params, input_name)
-        if not takes_context(fn):  # it cannot shard itself: each rank takes every size-th batch
+        if not fn.takes_context:  # it cannot shard itself: each rank takes every size-th batch
             ds = ds.shard(size, rank)
         return flagged(ds)
 
@@ -156,8 +154,7 @@ def wrap_model_fn(model_fn, model_name: str):
 
 
 def _call(model_fn, features, labels, mode, params, config):
-    kwargs = {"config": config} if "config" in inspect.signature(model_fn).parameters else {}
-    return model_fn(features, labels, mode, params, **kwargs)
+    return model_fn_wrap.estimator_call(model_fn)(features, labels, mode, params, config)
 
 
 class BroadcastHook(tf.compat.v1.train.SessionRunHook):

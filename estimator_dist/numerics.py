@@ -19,7 +19,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from estimator_dist.errors import NonFiniteError
+from estimator_dist.errors import NonFiniteError, UserError
 
 MARKER = "estimator_dist non-finite"
 _FOUND = re.compile(re.escape(MARKER) + r" (?P<what>[^:]+?)\s*: Tensor had (?P<kind>NaN|Inf) values")
@@ -66,6 +66,7 @@ def guard(loss, grads_and_vars, num_examples=None, note: str = ""):
             empty = tf.equal(tf.cast(num_examples, tf.float32), 0.0)
             loss = tf.where(empty, tf.zeros_like(loss), loss)
         checks.append(tf.debugging.check_numerics(loss, f"{MARKER} loss"))
+    require_gradients(grads_and_vars)
     present = [(grad, var) for grad, var in grads_and_vars if grad is not None]
     if not present:
         return list(grads_and_vars)
@@ -76,6 +77,18 @@ def guard(loss, grads_and_vars, num_examples=None, note: str = ""):
     for grad, var in grads_and_vars:
         out.append((None if grad is None else _rebuild(grad, next(checked)), var))
     return out
+
+
+def require_gradients(grads_and_vars):
+    """UserError when variables are to be trained but the loss has a gradient to none of them:
+    nothing could ever change (under mirrored TensorFlow failed in its all-reduce with an
+    AttributeError traceback)."""
+    pairs = list(grads_and_vars)
+    if pairs and all(grad is None for grad, _ in pairs):
+        names = ", ".join(var.op.name for _, var in pairs[:5]) + (", ..." if len(pairs) > 5 else "")
+        raise UserError(f"the loss has no gradient to any trainable variable ({names}): a "
+                        f"tf.stop_gradient or a non-differentiable op (argmax, a cast to int) "
+                        f"cuts it off; training could never change them")
 
 
 def _checked(values, variables, note=""):

@@ -12,10 +12,11 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 from estimator_dist.config import NO_READER_NICE
 from estimator_dist.errors import UserError
 
-# Estimator passes these by name; a model_fn may take any subset that includes features and
-# params (the runner always hands over params: Estimator refuses a model_fn without them).
+# Estimator passes these by name (estimator.py _verify_model_fn_args, _call_input_fn): a
+# model_fn takes features and any subset of the rest (model_fn_wrap.estimator_call hands it
+# only those); an input_fn any subset, and arguments of other names only with a default.
 MODEL_FN_ARGS = ("features", "labels", "mode", "params", "config")
-INPUT_FN_ARGS = ("mode", "params", "input_context")
+INPUT_FN_ARGS = ("mode", "params", "config", "input_context")
 # Run settings an input may read (params of the same names), each with its value when the
 # run does not set it; with data_flags declared at registration, a run that sets one the
 # input does not read is refused. reader_nice: the input has reader threads that take it
@@ -53,10 +54,11 @@ class Entry:
 class Registry:
     """A named collection of functions; duplicates are errors, misses list the names."""
 
-    def __init__(self, kind: str, allowed_args, required_args):
+    def __init__(self, kind: str, allowed_args, required_args, others_with_default=False):
         self.kind = kind
         self._allowed = tuple(allowed_args)
         self._required = tuple(required_args)
+        self._others_with_default = others_with_default
         self._entries: Dict[str, Entry] = {}
 
     def register(self, name=None, **meta):
@@ -78,16 +80,20 @@ class Registry:
     def _check_signature(self, key, fn):
         if not callable(fn):
             raise UserError(f"{self.kind} '{key}' must be a function, got {type(fn).__name__}")
-        args = list(inspect.signature(fn).parameters)
-        unknown = [a for a in args if a not in self._allowed]
+        parameters = inspect.signature(fn).parameters
+        args = list(parameters)
+        unknown = [a for a in args if a not in self._allowed and not (
+            self._others_with_default and parameters[a].default is not inspect.Parameter.empty)]
         missing = [a for a in self._required if a not in args]
         if unknown or missing:
+            others = ", others only with a default" if self._others_with_default else ""
             fix = (f"add {', '.join(missing)}" if missing else "") + \
                   ("; " if missing and unknown else "") + \
                   (f"rename or drop {', '.join(unknown)}" if unknown else "")
             raise UserError(
                 f"{self.kind} '{key}' has arguments ({', '.join(args)}); allowed: "
-                f"({', '.join(self._allowed)}), required: ({', '.join(self._required)}); {fix}")
+                f"({', '.join(self._allowed)}){others}, required: "
+                f"({', '.join(self._required) or 'none'}); {fix}")
 
     def get(self, key: str) -> Entry:
         """The entry for `key`, or a UserError listing what is registered."""
@@ -111,12 +117,15 @@ class Registry:
         self._entries.pop(key, None)
 
 
-MODELS = Registry("model", MODEL_FN_ARGS, ("features", "params"))
-INPUTS = Registry("input", INPUT_FN_ARGS, ("mode", "params"))
+MODELS = Registry("model", MODEL_FN_ARGS, ("features",))
+INPUTS = Registry("input", INPUT_FN_ARGS, (), others_with_default=True)
 
 
 def register_model(name=None, hparams=None, default_input=None, run_defaults=None):
-    """Register an Estimator model_fn `(features, labels, mode, params[, config])`.
+    """Register an Estimator model_fn: `features` and any of `labels, mode, params, config`.
+
+    A model_fn without `params` builds its train op with `estimator_dist.minimize(loss)`,
+    which reads the run's params.
 
     Args:
       name: registry key; defaults to the function's snake_case name.
@@ -153,7 +162,10 @@ def check_hparams(model: str, hparams: Mapping[str, Any]):
 
 
 def register_input(name=None, prepare=None, data_flags=None):
-    """Register an input function `(mode, params[, input_context]) -> tf.data.Dataset`.
+    """Register an input function -> tf.data.Dataset of (features, labels).
+
+    It takes any of `mode, params, config, input_context` (none included), as Estimator
+    accepts; features are a dict of tensors or one tensor.
 
     Args:
       name: registry key; defaults to the function's snake_case name.

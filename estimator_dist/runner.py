@@ -7,7 +7,6 @@ model_dir untouched.
 import contextlib
 import glob
 import importlib
-import inspect
 import json
 import os
 import re
@@ -43,11 +42,12 @@ from estimator_dist import replica_collections
 from estimator_dist import saver_hook
 from estimator_dist import storage
 from estimator_dist import strategies
+from estimator_dist import sync_replicas
 from estimator_dist import towers
 from estimator_dist import xla
-from estimator_dist.errors import (OutOfMemory, ReportedError, TrainingFailed, UserError,
-                                   first_line, op_error_line)
-from estimator_dist.hooks import ProgressHook
+from estimator_dist.errors import (OutOfMemory, ReportedError, TrainingFailed,
+                                   UntrainableTrainOp, UserError, first_line, op_error_line)
+from estimator_dist.hooks import ProgressHook, TrainOpCheckHook
 from estimator_dist.registry import INPUTS, MODELS, Entry, check_data_flags
 
 
@@ -141,7 +141,7 @@ class Plan:
         return {
             **input_params(c, self.per_replica_batch),
             **{k: v for k, v in self.input_meta.items()
-               if k not in ("serving_features", SERVING_INFERRED)},
+               if k not in ("serving_features", "plain_features", SERVING_INFERRED)},
             "global_batch_size": self.global_batch,
             "num_replicas": self.replicas,
             "lr_scale": float(self.replicas) if c.distribute.scale_lr else 1.0,
@@ -195,15 +195,15 @@ def reported_cause(error: BaseException) -> Optional[ReportedError]:
 def run_prepare(entry: Entry, params) -> Dict[str, Any]:
     """The input's prepare() metadata, checked: a dict of plain data with serving_features,
     overriding none of the run's settings or hparams."""
+    if entry.prepare is None:
+        return inferred_input_meta(entry, params)
     where = f"input '{entry.name}': its prepare()"
-    meta = users_code(lambda: entry.prepare(params) if entry.prepare else {},
-                      f"{where} failed", "fix the input")
+    meta = users_code(lambda: entry.prepare(params), f"{where} failed", "fix the input")
     if not isinstance(meta, dict):
         raise UserError(f"{where} returned {type(meta).__name__}; it must return a dict with "
                         f"serving_features (see README, Bring your own model)")
-    if "serving_features" not in meta:  # a TF1 input_fn has no prepare(): read them off its data
-        meta = {**meta, "serving_features": inferred_serving_features(entry, params),
-                SERVING_INFERRED: True}
+    if "serving_features" not in meta:  # read them off its data, as without a prepare()
+        meta = {**meta, **inferred_input_meta(entry, params)}
     # prepare() may resolve what the run left open ('' / 'auto' / None: a label column, a
     # task) or make a path absolute (data_dir); it may not replace a value the run sets.
     clash = sorted(k for k in meta if k in params and k != "data_dir" and
@@ -224,12 +224,13 @@ def run_prepare(entry: Entry, params) -> Dict[str, Any]:
 SERVING_INFERRED = "serving_features_inferred"
 
 
-def inferred_serving_features(entry: Entry, params) -> Dict[str, Any]:
-    """serving_features from the TRAIN dataset's element_spec (built in a scratch graph)."""
+def inferred_input_meta(entry: Entry, params) -> Dict[str, Any]:
+    """An input without serving_features from a prepare(): they are what its TRAIN dataset
+    yields, read from a scratch graph (export.inferred_serving_features)."""
     fn = checked_input(entry.fn, entry.name, eval_steps=1)
     with tf.Graph().as_default():
-        dataset = fn(tf.estimator.ModeKeys.TRAIN, params)
-        return export_lib.serving_features_from_dataset(dataset, entry.name)
+        data = fn(tf.estimator.ModeKeys.TRAIN, params)
+        return {**export_lib.inferred_serving_features(data, entry.name), SERVING_INFERRED: True}
 
 
 def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None) -> Plan:
@@ -338,8 +339,12 @@ def build_model_fn(p: Plan):
     Outermost, --mixed_precision: the whole graph build runs under its Keras policy.
     """
     d = p.config.distribute
-    model_fn = serving_checked(seeded(p.model.fn, p.config.train.seed),
-                               p.input_meta["serving_features"], p.input.name)
+    user_fn = sync_replicas.checked(
+        model_fn_wrap.estimator_call(p.model.fn),
+        refused_by=strategies.sync_replicas_refused_by(d.strategy, d.accumulate_steps))
+    model_fn = serving_checked(seeded(user_fn, p.config.train.seed),
+                               p.input_meta["serving_features"], p.input.name,
+                               plain=bool(p.input_meta.get("plain_features")))
     if d.strategy == "horovod":
         model_fn = horovod_train.wrap_model_fn(model_fn, p.model.name)
     elif d.strategy == "tower" or d.accumulate_steps > 1:
@@ -356,19 +361,23 @@ def build_model_fn(p: Plan):
     return reported_build_errors(model_fn, p.model.name, p.input.name)
 
 
-def serving_checked(model_fn, serving_features, input_name: str):
+def serving_checked(model_fn, serving_features, input_name: str, plain: bool = False):
     """A TRAIN graph's features must be what the input's serving_features promise
     (export.check_training_features): refused before the first step, not in predict.
+    With plain features (one tensor) the serving receiver's one-entry dict is handed to
+    the model_fn as the tensor it takes in training.
 
     Innermost: it sees exactly what the model_fn is given (a replica's, a tower's slice).
+    model_fn: with the full signature (model_fn_wrap.estimator_call).
     """
-    def call(arguments, build):
-        if arguments.get("mode") == model_fn_wrap.TRAIN:
-            export_lib.check_training_features(arguments.get("features"), serving_features,
-                                               input_name)
-        return build()
+    def checked_model_fn(features, labels, mode, params, config=None):
+        if mode == model_fn_wrap.TRAIN:
+            export_lib.check_training_features(features, serving_features, input_name, plain)
+        if plain and isinstance(features, dict) and len(features) == 1:
+            features = next(iter(features.values()))
+        return model_fn(features, labels, mode, params, config)
 
-    return model_fn_wrap.around_arguments(model_fn, call)
+    return checked_model_fn
 
 
 def memory_checked(model_fn, enabled: bool):
@@ -561,16 +570,17 @@ def build_estimator(p: Plan, run_config, warm_start=None) -> tf.estimator.Estima
 
 
 def make_input_fn(p: Plan, mode):
+    """An Estimator input_fn `(config, input_context)` calling the registered one as
+    Estimator would (model_fn_wrap.input_call), checked."""
     params = p.params()
     fn = checked_input(p.input.fn, p.input.name, p.config.train.eval_steps)
-    takes_context = _takes_context(fn)
     if p.ranks and mode == tf.estimator.ModeKeys.TRAIN:
         return horovod_train.train_input_fn(fn, params, p.ranks.rank, p.ranks.size, p.input.name)
     if p.ranks:  # rank 0 evaluates alone, on one device: --eval_steps counts global batches
         params = {**params, "batch_size": p.global_batch}
 
-    def input_fn(input_context=None):
-        data = fn(mode, params, input_context) if takes_context else fn(mode, params)
+    def input_fn(config=None, input_context=None):
+        data = fn(mode, params, config, input_context)
         if mode == tf.estimator.ModeKeys.TRAIN:
             memory.check_batch_fits(data, params, p.input.name)
         return data
@@ -579,18 +589,20 @@ def make_input_fn(p: Plan, mode):
 
 
 def checked_input(fn, name: str, eval_steps: int):
-    """The registered input_fn (same signature), its failures one line, its result checked
+    """The registered input_fn as `(mode, params, config=None, input_context=None)`
+    (model_fn_wrap.input_call), its failures one line, its result checked
     (check_input_result)."""
-    def call(mode, params, *context):
-        data = users_code(lambda: fn(mode, params, *context),
+    fn = model_fn_wrap.input_call(fn)
+
+    def call(mode, params, config=None, input_context=None):
+        data = users_code(lambda: fn(mode, params, config, input_context),
                           f"input '{name}' failed in its {mode} call",
                           "fix its input_fn (it returns a tf.data.Dataset of (features, labels))")
         check_input_result(data, name, mode, eval_steps)
         return data
 
-    if _takes_context(fn):
-        return lambda mode, params, input_context=None: call(mode, params, input_context)
-    return lambda mode, params: call(mode, params)
+    call.takes_context = fn.takes_context
+    return call
 
 
 def check_input_result(data, name: str, mode, eval_steps: int):
@@ -623,10 +635,6 @@ def check_input_result(data, name: str, mode, eval_steps: int):
                         f"would never end; return a tf.data.Dataset, or give --eval_steps N")
 
 
-def _takes_context(fn) -> bool:
-    return "input_context" in inspect.signature(fn).parameters
-
-
 def build_specs(p: Plan, hooks):
     t = p.config.train
     train_spec = tf.estimator.TrainSpec(
@@ -654,6 +662,14 @@ def training_hooks(p: Plan, estimator, progress: ProgressHook, say):
     return hooks
 
 
+def train_op_check(p: Plan) -> TrainOpCheckHook:
+    """The hook that stops a train_op that cannot train (global step or weights that never
+    move) after its first few updates."""
+    return TrainOpCheckHook(p.model.name, runs_per_step=p.config.distribute.accumulate_steps,
+                            weights_check_steps=p.config.train.weights_check_steps,
+                            learning_rate=p.params().get("learning_rate"))
+
+
 def horovod_hooks(p: Plan, estimator, progress: ProgressHook, say):
     """Broadcast first (before anything reads the step), then stop-together, then progress.
 
@@ -674,6 +690,13 @@ def horovod_hooks(p: Plan, estimator, progress: ProgressHook, say):
 def checkpoint_step(model_dir: str) -> Optional[int]:
     latest = tf.train.latest_checkpoint(model_dir) if os.path.isdir(model_dir) else None
     return int(latest.rsplit("-", 1)[1]) if latest else None
+
+
+def plain_features_note(p: Plan) -> str:
+    """Where a model's one-tensor features go in a SavedModel (export.PLAIN_FEATURE)."""
+    (name, (shape, dtype)), = p.input_meta["serving_features"].items()
+    return (f"features are one tensor, not a dict: SavedModels take it as serving input "
+            f"'{name}' {shape} {dtype} (predict --input: one .npy array or CSV column '{name}')")
 
 
 def describe(p: Plan) -> str:
@@ -824,7 +847,9 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
     """Train and evaluate as configured (this process's part of a cluster); returns the summary.
 
     A run refused (UserError) or out of memory (OutOfMemory: a model or batch too large for
-    the machine) before its first checkpoint leaves no model_dir it created.
+    the machine) before its first checkpoint leaves no model_dir it created; so does a
+    train_op refused after its first updates (UntrainableTrainOp), which trained nothing:
+    its only checkpoint holds step 0's initial weights.
     """
     p = plan(config)
     created = p.writes_run_files and not os.path.exists(p.model_dir)
@@ -832,9 +857,10 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
         with model_dir_lock.held(p.model_dir) if p.writes_run_files else \
                 contextlib.nullcontext():
             return _train(p, out)
-    except (UserError, OutOfMemory):
-        if created and os.path.isdir(p.model_dir) and \
-                not checkpoints_lib.complete_checkpoints(p.model_dir):
+    except (UserError, OutOfMemory) as e:
+        steps = checkpoints_lib.complete_checkpoints(p.model_dir)
+        untrained = not steps or (isinstance(e, UntrainableTrainOp) and set(steps) == {0})
+        if created and os.path.isdir(p.model_dir) and untrained:
             shutil.rmtree(p.model_dir, ignore_errors=True)
         raise
 
@@ -846,7 +872,9 @@ def _train(p: Plan, out) -> Dict[str, Any]:
         cluster_lib.apply(p.cluster)
     say = out if p.role in ("local", "chief", "evaluator") else silent
     say(describe(p))
-    if p.input_meta.get(SERVING_INFERRED):
+    if p.input_meta.get("plain_features"):
+        say(plain_features_note(p))
+    elif p.input_meta.get(SERVING_INFERRED):
         say(f"serving input read off input '{p.input.name}''s training data: "
             f"{export_lib.describe_serving_features(p.input_meta['serving_features'])} "
             f"(return serving_features from a prepare() to choose it)")
@@ -956,7 +984,7 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
                             bar_stream=sys.stdout if out is print and sys.stdout.isatty()
                             and p.writes_run_files else None,
                             summary_dir=p.model_dir if p.writes_run_files else None)
-    hooks = training_hooks(p, estimator, progress, say)
+    hooks = training_hooks(p, estimator, progress, say) + [train_op_check(p)]
     train_spec, eval_spec = build_specs(p, hooks)
     # Only this run's exports are reported: a resumed chief printed an earlier run's.
     earlier_exports = set(export_lib.export_paths(p.model_dir))

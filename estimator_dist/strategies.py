@@ -95,6 +95,23 @@ COMPRESSIBLE = {"mirrored": ("fp16", "bf16"), "multi_worker_mirrored": ("fp16", 
 ACCUMULATE = ("none", "one_device", "mirrored", "tower")
 
 
+# Where a model_fn's own tf.compat.v1.train.SyncReplicasOptimizer can run: between-graph
+# replication, one graph per process (ps tasks in TF_CONFIG, or one local process). The
+# tf.distribute strategies fail inside its apply_gradients; tower, accumulation and Horovod
+# apply the gradients themselves (sync_replicas.py).
+SYNC_REPLICAS = ("none",)
+
+
+def sync_replicas_refused_by(name: str, accumulate_steps: int = 1) -> Optional[str]:
+    """The setting under which SyncReplicasOptimizer cannot run ('--strategy mirrored'), or
+    None where it can."""
+    if name not in SYNC_REPLICAS:
+        return f"--strategy {name}"
+    if accumulate_steps > 1:
+        return f"--accumulate_steps {accumulate_steps}"
+    return None
+
+
 def names():
     return sorted(_BUILDERS)
 

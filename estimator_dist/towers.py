@@ -34,13 +34,13 @@ With no devices the wrapper runs the model_fn as one tower in place, which is
 how `--accumulate_steps` works under the other strategies (see accumulate.py).
 """
 import contextlib
-import inspect
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from estimator_dist import accumulate
+from estimator_dist import model_fn_wrap
 from estimator_dist import replica_collections
 from estimator_dist import train_op as train_op_lib
 from estimator_dist.errors import UserError
@@ -72,6 +72,10 @@ def split_batch(structure, sizes, num_towers: int) -> List[Any]:
 def _split(value, sizes, num_towers):
     if value is None:
         return [None] * num_towers
+    if value.shape.rank == 0:  # e.g. the distribution guide's unbatched tutorial input
+        raise UserError(f"--strategy tower splits each batch along its first dimension, but the "
+                        f"input yields a scalar {value.dtype.name} (one example, not batched); "
+                        f"batch() its dataset, or use --strategy mirrored")
     if isinstance(value, tf.SparseTensor):
         starts = tf.cast(tf.cumsum(sizes, exclusive=True), tf.int64)
         lengths = tf.cast(sizes, tf.int64)
@@ -199,16 +203,8 @@ class Tower:
 
 
 def _caller(model_fn):
-    takes = set(inspect.signature(model_fn).parameters)
-
-    def call(features, labels, mode, params, config):
-        if labels is not None and "labels" not in takes:
-            raise UserError("model_fn does not take labels, but input_fn returns labels")
-        given = {"features": features, "labels": labels, "mode": mode, "params": params,
-                 "config": config}
-        return model_fn(**{k: v for k, v in given.items() if k in takes})
-
-    return call
+    """model_fn behind the full signature, given what it takes (as Estimator calls it)."""
+    return model_fn_wrap.estimator_call(model_fn)
 
 
 def _own_train_op_error(model_name):

@@ -4,6 +4,7 @@ The optimizer, learning-rate schedule and update ops come from params, so every
 strategy (including `tower`, which must see each tower's loss rather than a
 finished train op) can take over how the step is applied.
 """
+import contextlib
 import math
 
 import tensorflow as tf
@@ -15,6 +16,10 @@ from estimator_dist.errors import UserError
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop")
 LR_SCHEDULES = ("constant", "cosine", "step")
+
+# The params of the model_fn call in progress (model_fn_wrap.estimator_call): what
+# minimize(loss) reads when a model_fn takes no params argument.
+_RUN_PARAMS = []
 
 # Strategies that apply gradients themselves (towers, accumulation) push a handler
 # here; minimize() then hands the loss over instead of building the update.
@@ -34,6 +39,26 @@ class minimize_handler:  # noqa: N801 - used as a context manager, reads like a 
     def __exit__(self, *exc):
         _HANDLERS.pop()
         return False
+
+
+@contextlib.contextmanager
+def run_params(params):
+    """While a model_fn runs: its run's params, for minimize() called without them."""
+    _RUN_PARAMS.append(params)
+    try:
+        yield
+    finally:
+        _RUN_PARAMS.pop()
+
+
+def _params_of_run(params):
+    if params is not None:
+        return params
+    if not _RUN_PARAMS:
+        raise UserError("estimator_dist.minimize(loss) without params works only in a model_fn "
+                        "that estimator-dist runs; elsewhere pass the model_fn's params: "
+                        "minimize(loss, params)")
+    return _RUN_PARAMS[-1]
 
 
 def learning_rate(params, global_step=None):
@@ -104,12 +129,13 @@ def collect_update_ops(update_ops=None):
     return ops
 
 
-def minimize(loss, params, update_ops=None, var_list=None):
+def minimize(loss, params=None, update_ops=None, var_list=None):
     """Build the train op for `loss` from params; call it from a model_fn in TRAIN mode.
 
     Args:
       loss: scalar loss tensor (mean over this replica's / tower's batch).
-      params: the params dict Estimator passed to the model_fn.
+      params: the params dict Estimator passed to the model_fn; None (a model_fn
+        that takes no params) reads the run's params.
       update_ops: extra ops to run each step, e.g. `model.updates` of Keras layers.
       var_list: variables to train (default: all trainable).
     Returns:
@@ -119,6 +145,7 @@ def minimize(loss, params, update_ops=None, var_list=None):
       takes the loss over instead and returns a placeholder op: return it as
       the EstimatorSpec's train_op.
     """
+    params = _params_of_run(params)
     if _HANDLERS:
         return _HANDLERS[-1](loss, params, update_ops, var_list)
     optimizer = make_optimizer(params)

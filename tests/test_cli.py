@@ -182,21 +182,22 @@ def test_a_module_that_fails_to_import_is_one_line(source, message, tmp_path, mo
     assert err.startswith(f"estimator-dist: error: --import user_mod_under_test: {message}"), err
 
 
-def test_a_model_fn_without_params_is_refused_when_imported(tmp_path, monkeypatch, capsys):
-    """Estimator refuses a model_fn without `params` when it is handed params (always, here):
-    that was its ValueError traceback at the first graph build."""
-    (tmp_path / "no_params_mod.py").write_text(
+def test_a_model_fn_argument_estimator_cannot_give_is_refused_when_imported(
+        tmp_path, monkeypatch, capsys):
+    """Estimator refuses a model_fn argument it does not know (its ValueError traceback at the
+    first graph build); a model_fn without params is accepted (tests/test_model_code.py)."""
+    (tmp_path / "hparams_arg_mod.py").write_text(
         "import estimator_dist as ed\n\n"
-        "@ed.register_model('no_params_model')\n"
-        "def no_params_model(features, labels, mode):\n"
+        "@ed.register_model('hparams_arg_model')\n"
+        "def hparams_arg_model(features, labels, mode, hparams):\n"
         "    raise AssertionError('never built')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    code, _, err = run_main(["train", "--import", "no_params_mod", "--model", "no_params_model",
-                             "--model_dir", str(tmp_path / "r")], capsys)
+    code, _, err = run_main(["train", "--import", "hparams_arg_mod", "--model",
+                             "hparams_arg_model", "--model_dir", str(tmp_path / "r")], capsys)
     assert code == 2 and err == (
-        "estimator-dist: error: --import no_params_mod: model 'no_params_model' has arguments "
-        "(features, labels, mode); allowed: (features, labels, mode, params, config), required: "
-        "(features, params); add params\n")
+        "estimator-dist: error: --import hparams_arg_mod: model 'hparams_arg_model' has arguments "
+        "(features, labels, mode, hparams); allowed: (features, labels, mode, params, config), "
+        "required: (features); rename or drop hparams\n")
     assert not (tmp_path / "r").exists()
 
 

@@ -303,6 +303,7 @@ def test_early_stop_in_a_cluster_stops_every_task_and_exports(tmp_path):
     run = Run(["--workers", "2", "--ps", "1", "--evaluator", "--strategy", "parameter_server",
                "--train_steps", "20000", "--eval_every", "20", "--early_stop", "loss",
                "--patience", "2", "--min_delta", "0.01", "--set", "learning_rate=0.0",
+               "--weights_check_steps", "0",  # frozen on purpose: the plateau
                "--export", "final", "--max_restarts", "0", "--model_dir", model_dir] + TRAIN,
               timeout=400)
     assert run.wait() == 0, run.text

@@ -170,6 +170,7 @@ def test_early_stop_is_rank_0s_decision_and_every_rank_stops_with_it(ranks_env, 
     model_dir = tmp_path / "run"
     run = launch(model_dir, "--input", "tiny_stream", "--train_steps", 20000, "--eval_every", 20,
                  "--early_stop", "loss", "--patience", 2, "--set", "learning_rate=0.0",
+                 "--weights_check_steps", 0,  # frozen on purpose: the plateau
                  "--max_restarts", 0, "--export", "none")
     assert run.wait() == 0, run.text
     assert re.search(r"\[rank:0\] early stop at step \d+: loss has not improved",

@@ -73,15 +73,21 @@ def test_builtins_registered():
     assert MODELS.get("digits").default_input == "digits"
 
 
-def test_model_fns_must_take_params():
-    with pytest.raises(UserError, match=r"required: \(features, params\); add params$"):
+def test_model_fns_need_not_take_params_but_must_take_features():
+    """Estimator accepts a model_fn without params (issue 29); the runner hands it only what
+    it takes (model_fn_wrap.estimator_call)."""
+    try:
         MODELS.register("no_params_here")(lambda features, labels, mode: None)
-    assert "no_params_here" not in MODELS
+        assert "no_params_here" in MODELS
+    finally:
+        MODELS.unregister("no_params_here")
+    with pytest.raises(UserError, match=r"required: \(features\); add features$"):
+        MODELS.register("no_features_here")(lambda labels, mode: None)
 
 
 def test_declared_data_flags_refuse_what_the_input_does_not_read(monkeypatch):
-    monkeypatch.setattr(registry, "INPUTS", Registry("input", registry.INPUT_FN_ARGS,
-                                                     ("mode", "params")))
+    monkeypatch.setattr(registry, "INPUTS", Registry("input", registry.INPUT_FN_ARGS, (),
+                                                     others_with_default=True))
     registry.register_input("reads_dir", data_flags=("data_dir",))(lambda mode, params: None)
     registry.register_input("reads_none", data_flags=())(lambda mode, params: None)
     registry.register_input("undeclared")(lambda mode, params: None)
@@ -117,8 +123,8 @@ def test_builtin_inputs_declare_what_they_read():
 @pytest.mark.parametrize("nice", [0, 5, 19])
 def test_reader_nice_given_is_refused_by_an_input_without_reader_threads(nice, monkeypatch):
     """-1 is "not given" (the default 19 where there is a reader); 0 is a value given."""
-    monkeypatch.setattr(registry, "INPUTS", Registry("input", registry.INPUT_FN_ARGS,
-                                                     ("mode", "params")))
+    monkeypatch.setattr(registry, "INPUTS", Registry("input", registry.INPUT_FN_ARGS, (),
+                                                     others_with_default=True))
     registry.register_input("threads", data_flags=("reader_nice",))(lambda mode, params: None)
     registry.register_input("no_threads", data_flags=("synthetic",))(lambda mode, params: None)
     registry.register_input("undeclared")(lambda mode, params: None)

@@ -41,7 +41,8 @@ def test_patience_counting():
 def test_early_stop_on_plateau_stops_before_target_and_evaluates_at_end(tmp_path):
     lines = []
     summary = train(tmp_path, lines, train_steps=400, eval_every=10, export="none",
-                    early_stop="loss", patience=2, overrides=("learning_rate=0.0",))
+                    early_stop="loss", patience=2, overrides=("learning_rate=0.0",),
+                    weights_check_steps=0)  # frozen on purpose: the plateau
     assert summary["global_step"] < 100, summary["global_step"]
     assert any(line.startswith("early stop at step") for line in lines), lines
     assert not any("ran out" in line for line in lines), lines  # an early stop, not the input

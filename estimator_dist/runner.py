@@ -161,10 +161,11 @@ def input_params(config, per_replica_batch) -> Dict[str, Any]:
             "seed": config.train.seed if config.train.seed >= 0 else None}
 
 
-def users_code(call, what: str, fix: str):
-    """call(), with an exception of the user's code as one line naming it; --verbose keeps
-    the traceback. Our own one-line errors pass unchanged, among them Preempted, which
-    SIGTERM raises wherever the main thread is (a graph build included)."""
+def users_code(call, what: str, fix):
+    """call(), with an exception of the user's code as one line naming it (`fix`: the advice,
+    or a function of the exception giving it); --verbose keeps the traceback. Our own
+    one-line errors pass unchanged, among them Preempted, which SIGTERM raises wherever the
+    main thread is (a graph build included)."""
     try:
         return call()
     except ReportedError:
@@ -175,6 +176,7 @@ def users_code(call, what: str, fix: str):
             raise reported from None
         if not quiet.is_quiet():
             raise
+        fix = fix(e) if callable(fix) else fix
         raise UserError(f"{what}: {type(e).__name__}: {first_line(e)}; {fix}; --verbose shows "
                         f"the traceback") from None
 
@@ -418,7 +420,7 @@ def reported_build_errors(model_fn, name: str, input_name: str):
     def call(arguments, build):
         mode = arguments.get("mode")
         spec = users_code(build, f"model '{name}' could not build its {mode or ''} graph",
-                          build_fix(arguments, input_name))
+                          lambda error: build_fix(arguments, input_name, error))
         if not isinstance(spec, tf.estimator.EstimatorSpec):
             raise UserError(f"model '{name}' returned {type(spec).__name__} from its "
                             f"{mode or ''} call; a model_fn must return a "
@@ -428,11 +430,13 @@ def reported_build_errors(model_fn, name: str, input_name: str):
     return model_fn_wrap.around_arguments(model_fn, call)
 
 
-def build_fix(arguments, input_name: str) -> str:
+def build_fix(arguments, input_name: str, error: Optional[BaseException] = None) -> str:
     """What to check when a model_fn's build fails. Given labels=None in TRAIN or EVAL, the
     input gave features alone: the hparams advice of other failures misled there. In
-    PREDICT (export, serving) labels=None is Estimator's rule."""
-    if arguments.get("mode") == tf.estimator.ModeKeys.PREDICT:
+    PREDICT (export, serving) labels=None is Estimator's rule: said when the error is about
+    a None (a model_fn broken in every mode fails its PREDICT build first, for other
+    reasons)."""
+    if arguments.get("mode") == tf.estimator.ModeKeys.PREDICT and "None" in str(error):
         return ("PREDICT mode (the export, serving) passes labels=None and only the serving "
                 "features: return the PREDICT EstimatorSpec (predictions, export_outputs) "
                 "before using labels")

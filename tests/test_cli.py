@@ -210,7 +210,8 @@ def test_a_model_graph_that_fails_to_build_is_one_line_and_leaves_no_model_dir(t
                              str(csv), "--label_column", "y", "--model_dir", str(model_dir),
                              "--train_steps", "2", "--batch_size", "3"], capsys)
     assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith("estimator-dist: error: model 'digits' could not build its train graph: "
+    # Built first: the PREDICT graph the final export needs (a model broken in every mode).
+    assert err.startswith("estimator-dist: error: model 'digits' could not build its infer graph: "
                           "KeyError: 'image'; check its hparams"), err
     assert not model_dir.exists()
 
@@ -370,10 +371,11 @@ def import_users_module(tmp_path, monkeypatch):
     (["--input", "prep_sets_batch"], 2, "input 'prep_sets_batch': its prepare() returned "
                                         "batch_size, which the run already sets"),
     (["--model", "returns_none", "--input", "digits"], 2,
-     "model 'returns_none' returned NoneType from its train call; a model_fn must return a "
+     "model 'returns_none' returned NoneType from its infer call; a model_fn must return a "
      "tf.estimator.EstimatorSpec"),
     (["--model", "raises_runtime", "--input", "digits"], 2,
-     "model 'raises_runtime' could not build its train graph: RuntimeError: boom in model_fn"),
+     "model 'raises_runtime' could not build its infer graph: RuntimeError: boom in model_fn; "
+     "check its hparams"),
     # --eval_steps 1: these inputs repeat in EVAL too, refused with the default 0 (item 6).
     (["--input", "labels_12", "--eval_steps", "1"], 1,
      "training failed at step 1: Received a label value of 12 which is outside the valid "

@@ -306,7 +306,7 @@ OPT_OUT = "; --weights_check_steps 0 turns this check off for deliberate freezin
 def test_a_train_op_that_cannot_train_is_refused_in_seconds(model_fn, strategy, message,
                                                             registered, tmp_path):
     name = registered(model_fn, input_params)
-    config = make_config(name, input=name, train_steps=1000000, batch_size=8,
+    config = make_config(name, input=name, train_steps=1000000, batch_size=8, eval_steps=1,
                          model_dir=str(tmp_path / "run"), seed=1, **strategy)
     started = time.monotonic()
     with pytest.raises(UserError) as e:
@@ -328,7 +328,7 @@ def test_weights_that_never_move_name_the_likely_cause(registered, tmp_path):
         hparams = {"learning_rate": 0.0} if model_fn is learning_rate_zero else {}
         MODELS.unregister(name)
         MODELS.register(name, hparams=hparams)(model_fn)
-        config = make_config(name, input=name, train_steps=50, batch_size=8,
+        config = make_config(name, input=name, train_steps=50, batch_size=8, eval_steps=1,
                              model_dir=str(tmp_path / name))
         with pytest.raises(UserError) as e:
             runner.train(config, out=lambda *_: None)

@@ -104,7 +104,7 @@ def test_it_is_refused_in_one_line_where_it_cannot_run(sync_module, flags, setti
     import sync_module as _  # noqa: F401 - registers sync_replicas, sync_data
 
     config = make_config("sync_replicas", input="sync_data", train_steps=20, batch_size=8,
-                         model_dir=str(sync_module / "run"), **flags)
+                         eval_steps=1, model_dir=str(sync_module / "run"), **flags)
     with pytest.raises(UserError) as e:
         runner.train(config, out=lambda *_: None)
     assert str(e.value) == refusal(setting)

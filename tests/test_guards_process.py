@@ -306,7 +306,7 @@ def test_disk_full_writing_a_tfjob_manifest_is_one_line(tmp_path):
     out = tmp_path / "job.yaml"
     out.write_text("earlier\n")
     proc = run([sys.executable, "-m", "estimator_dist", "tfjob", "--name", "j", "--image", "i",
-                "--output", str(out), "--model", "digits"], preexec_fn=fill_disk_at(100))
+                "--workers", "1", "--output", str(out), "--model", "digits"], preexec_fn=fill_disk_at(100))
     err = one_line_storage_error(proc)
     assert err.startswith(f"estimator-dist: error: writing {out} failed: ")
     assert f"the earlier {out} is unchanged" in err

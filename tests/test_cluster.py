@@ -452,7 +452,7 @@ def test_sigterm_to_the_chief_saves_a_final_checkpoint_and_the_cluster_resumes_f
         assert "[launcher] chief:0 exited with code 143; restarting the whole cluster" in run.text
         wait_for(run, r"^\[chief:0\] step \d+/", start=resumed)
         run.proc.send_signal(signal.SIGTERM)  # Ctrl-C of the launcher: the new chief saves too
-        assert run.wait() == 130, run.text
+        assert run.wait() == 143, run.text
         again = re.findall(r"^\[chief:0\] estimator-dist: preempted: SIGTERM at step (\d+): saved",
                            run.text, re.M)
         assert len(again) == 2 and int(again[1]) > step, run.text
@@ -488,7 +488,7 @@ def test_sigterm_to_one_mwms_worker_stops_every_worker_at_one_step_and_they_save
         _, resumed = wait_for(run, rf"^\[chief:0\] resuming from the checkpoint at step {step} in ")
         wait_for(run, r"^\[chief:0\] step \d+/", start=resumed)
         run.proc.send_signal(signal.SIGTERM)
-        assert run.wait() == 130, run.text
+        assert run.wait() == 143, run.text
     finally:  # a failed step above must not leave the cluster running
         if run.proc.poll() is None:
             run.proc.send_signal(signal.SIGTERM)
@@ -538,6 +538,6 @@ def test_sigterm_stops_every_task(tmp_path):
     pids = [run.pid_of(t) for t in ("chief:0", "worker:0", "ps:0", "evaluator:0")]
     assert all(pids) and all(alive(p) for p in pids), run.text
     run.proc.send_signal(signal.SIGTERM)
-    assert run.wait() == 130
+    assert run.wait() == 143
     time.sleep(1)
     assert not [p for p in pids if alive(p)], run.text

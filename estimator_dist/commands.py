@@ -44,9 +44,12 @@ def saved_config(model_dir: str, **flags):
 
 
 def train(args):
-    config = config_from_args(args)
-    checkpoints.check_same_model(runner.default_model_dir(config), config.model)
-    runner.train(config)
+    # Until the run's guard takes over (and after it), SIGTERM exits 143 at once with one
+    # line, in every role: it was a raw -15, or ignored while peers were connecting.
+    with preemption.exit_on_sigterm(preemption.outside_the_run):
+        config = config_from_args(args)
+        checkpoints.check_same_model(runner.default_model_dir(config), config.model)
+        runner.train(config)
 
 
 def evaluate(args):

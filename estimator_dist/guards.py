@@ -46,6 +46,7 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
         self._runs_per_step = max(1, runs_per_step)
         self._saves_on_stop = saves_on_stop
         self.step: Optional[int] = None
+        self.session_created = False  # read by the SIGTERM watcher thread
         self.active = False
         self.stop_requested = False
         self._runs = 0
@@ -67,6 +68,7 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
     def after_create_session(self, session, coord):
         self.step = int(session.run(self._global_step))
         self._runs = 0
+        self.session_created = True
 
     def after_run(self, run_context, run_values):
         self._runs += 1
@@ -121,10 +123,11 @@ class TrainingGuard:
     multi_worker_mirrored (`chief_saves_alone` False) every worker takes part in a
     save, so there every worker handles SIGTERM: the workers vote to stop at one
     step, save together and exit 143 (preemption_vote.py), within the same deadline.
-    The evaluator stops at once (exit 143), removing an export it was writing. Ps
-    tasks and the workers of parameter-server training keep SIGTERM's default,
-    immediate exit (they write nothing). After a failure a task removes only the temp
-    files of what it writes: checkpoints (local, chief), exports (local, evaluator).
+    The evaluator, ps tasks and the workers of parameter-server training write no
+    checkpoint: they exit 143 at once with one line (the evaluator removing an export it
+    was writing), from the signal's watcher thread (preemption.exit_now). After a failure
+    a task removes only the temp files of what it writes: checkpoints (local, chief),
+    exports (local, evaluator).
     """
 
     def __init__(self, model_dir: str, runs_per_step: int = 1, role: str = "local",
@@ -134,8 +137,8 @@ class TrainingGuard:
         votes = not chief_saves_alone and role in ("chief", "worker")
         self.vote = preemption_vote.VoteHook(workers, runs_per_step) if votes else None
         self.hook = GuardHook(model_dir, runs_per_step, saves_on_stop=not votes)
-        self.handles_sigterm = role in ("local", "evaluator") or votes or \
-            (role == "chief" and chief_saves_alone)
+        # Finishes its step and saves on SIGTERM; the others exit at once.
+        self.handles_sigterm = role == "local" or votes or (role == "chief" and chief_saves_alone)
         self._deadline, self._deadline_lock = None, threading.Lock()
 
     def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:
@@ -149,26 +152,41 @@ class TrainingGuard:
             hooks=tuple(eval_spec.hooks) + (EvaluationStopHook(self.hook, self.model_dir),))
 
     def _on_sigterm(self):
+        if self.role in ("chief", "worker") and not self.hook.session_created:
+            return  # nothing to save: the watcher thread exits at once (_start_deadline)
         if self.hook.stop_requested or (self.vote and self.vote.stopped_at is not None):
             return  # already stopping (under a vote: every worker saving together)
         self.hook.stop_requested = True
         if self.vote:
             self.vote.signalled = True
         self._start_deadline()
-        if self.role == "evaluator":  # an export in flight is removed on the way out
-            raise preemption.evaluator_stopped(tf.train.latest_checkpoint(self.model_dir))
         if not self.hook.active:  # no training step to finish: stop now
             raise preemption.preempted_outside_training(tf.train.latest_checkpoint(self.model_dir))
 
     def _start_deadline(self):
         """A cluster task exits 143 PEER_DEADLINE_S after SIGTERM at the latest (once);
-        also called by preemption.SignalWatch while the main thread is blocked."""
+        called by preemption.SignalWatch's thread the moment SIGTERM arrives, also while the
+        main thread is blocked. Before its session exists (building the graph, waiting for
+        its peers to connect) a task has nothing to save: it exits at once."""
         if self.role not in ("chief", "worker"):
             return
+        if not self.hook.session_created:
+            preemption.exit_now(preemption.connecting_stopped(
+                tf.train.latest_checkpoint(self.model_dir)), cleanup=self._remove_own_temp_files)
         with self._deadline_lock:
             if self._deadline is None:
                 self._deadline = preemption.exit_by_deadline(
                     preemption.PEER_DEADLINE_S, lambda: tf.train.latest_checkpoint(self.model_dir))
+
+    def _stopped(self):
+        """What a task that exits at once on SIGTERM says."""
+        latest = tf.train.latest_checkpoint(self.model_dir)
+        if self.role == "evaluator":
+            return preemption.evaluator_stopped(latest)
+        return preemption.task_stopped(self.role, latest)
+
+    def _remove_own_temp_files(self):
+        storage.remove(storage.temp_entries(self._watched()) - self._before)
 
     def _watched(self) -> List[str]:
         watched = [self.model_dir] if self.role in ("local", "chief") else []
@@ -180,9 +198,12 @@ class TrainingGuard:
         self._before = storage.temp_entries(self._watched())
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(storage.not_world_writable())
-        self._stack.enter_context(preemption.on_sigterm(self._on_sigterm,
-                                                        enabled=self.handles_sigterm,
-                                                        at_once=self._start_deadline))
+        if self.handles_sigterm:
+            self._stack.enter_context(preemption.on_sigterm(self._on_sigterm,
+                                                            at_once=self._start_deadline))
+        else:
+            self._stack.enter_context(preemption.exit_on_sigterm(
+                self._stopped, cleanup=self._remove_own_temp_files))
         return self
 
     def __exit__(self, exc_type, exc, tb):

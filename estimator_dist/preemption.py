@@ -54,11 +54,15 @@ def on_sigterm(callback, enabled: bool = True, at_once=None):
         return
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: callback())
     watch = SignalWatch(signal.SIGTERM, at_once) if at_once else None
+    # Without at_once, an enclosing SignalWatch (exit_on_sigterm) must not act on it too.
+    muted = None if at_once else signal.set_wakeup_fd(-1)
     try:
         yield
     finally:
         if watch:
             watch.close()
+        if muted is not None:
+            signal.set_wakeup_fd(muted, warn_on_full_buffer=False)
         signal.signal(signal.SIGTERM, previous)
 
 

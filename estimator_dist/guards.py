@@ -23,6 +23,7 @@ import tensorflow as tf
 from estimator_dist import checkpoints
 from estimator_dist import memory
 from estimator_dist import numerics
+from estimator_dist import peers
 from estimator_dist import preemption
 from estimator_dist import preemption_vote
 from estimator_dist import quiet
@@ -136,13 +137,15 @@ class TrainingGuard:
         self.role = role
         votes = not chief_saves_alone and role in ("chief", "worker")
         self.vote = preemption_vote.VoteHook(workers, runs_per_step) if votes else None
+        # The same workers step together: one gone stalls the others (peers.py).
+        self.stall = peers.StallHook(model_dir) if votes and workers > 1 else None
         self.hook = GuardHook(model_dir, runs_per_step, saves_on_stop=not votes)
         # Finishes its step and saves on SIGTERM; the others exit at once.
         self.handles_sigterm = role == "local" or votes or (role == "chief" and chief_saves_alone)
         self._deadline, self._deadline_lock = None, threading.Lock()
 
     def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:
-        hooks = (self.hook,) + ((self.vote,) if self.vote else ())
+        hooks = (self.hook,) + tuple(h for h in (self.vote, self.stall) if h)
         return tf.estimator.TrainSpec(train_spec.input_fn, train_spec.max_steps,
                                       tuple(train_spec.hooks) + hooks,
                                       train_spec.saving_listeners)
@@ -219,6 +222,9 @@ class TrainingGuard:
             step = self.hook.step + 1 if self.hook.step is not None else None
             raise preemption.preempted_by_peers(step, first_line(exc),
                                                 tf.train.latest_checkpoint(self.model_dir)) from None
+        if self.stall and isinstance(exc, peers.PEER_ERRORS):
+            step = self.hook.step + 1 if self.hook.step is not None else None
+            raise peers.peer_failed(exc, step, tf.train.latest_checkpoint(self.model_dir)) from None
         if numerics.is_non_finite(exc):
             step = self.hook.step + 1 if self.hook.step is not None else None
             raise numerics.non_finite_error(exc, step, tf.train.latest_checkpoint(self.model_dir),

@@ -108,9 +108,9 @@ def stop_on_sigterm(make_error):
         yield
 
 
-def exit_now(error: Preempted, cleanup=None):
-    """One line, then exit 143 at once: called from SignalWatch's thread, so nothing is
-    raised into TensorFlow's C++ (an exception raised from a Python signal handler while TF
+def exit_now(error, cleanup=None):
+    """One line, then exit with the error's code (Preempted: 143) at once: called from a
+    thread (SignalWatch's), so nothing is raised into TensorFlow's C++ (an exception raised from a Python signal handler while TF
     ran a callback surfaced as pybind11's "error_already_set: MISMATCH" RuntimeError, exit 1:
     an evaluator SIGTERMed while it waited for a checkpoint, 5 times in 12)."""
     try:
@@ -120,7 +120,7 @@ def exit_now(error: Preempted, cleanup=None):
         line = f"estimator-dist: {error.label}: {error}\n".encode("utf-8", "replace")
         with contextlib.suppress(OSError):
             os.write(2, line)
-        os._exit(EXIT_PREEMPTED)  # noqa: SLF001 - the main thread may be blocked in TensorFlow
+        os._exit(error.exit_code)  # noqa: SLF001 - the main thread may be blocked in TensorFlow
 
 
 @contextlib.contextmanager

@@ -220,3 +220,64 @@ def test_sigterm_and_sigint_to_the_launcher_exit_as_every_task_does(tmp_path):
             if proc.poll() is None:
                 proc.kill()
             kill_left(pids)
+
+
+def test_a_worker_recreated_alone_makes_every_task_exit_retryable_and_the_run_recovers(
+        tmp_path, monkeypatch):
+    """Kubeflow's operator recreates a dead multi_worker_mirrored worker ALONE: the chief
+    waited at its step forever and each new worker exited 1 (CancelledError), which fails a
+    TFJob. Now each exits 144 (retryable), the chief once its step has not returned for 60 s,
+    and the tasks restarted that way resume together from the last checkpoint."""
+    monkeypatch.chdir(REPO)
+    model_dir = tmp_path / "run"
+    train = ["--strategy", "multi_worker_mirrored", "--train_steps", "3000",
+             "--save_checkpoints_steps", "500", "--export", "none",
+             "--model_dir", str(model_dir), *TRAIN]
+    lines, permanent = [], []
+
+    def emit(line):
+        lines.append(line)
+        m = re.match(r"\[launcher\] \S+ exited with code (\d+)", line)
+        if m and 1 <= int(m.group(1)) <= 127:  # the operator fails the job on these
+            permanent.append(line)
+
+    # As the operator does: a dead task is recreated alone, with its TF_CONFIG.
+    supervisor = launcher.Supervisor(launcher.build_tasks(train, 2, 0, False), whole_restart=False,
+                                     max_restarts=12, startup_timeout=120, emit=emit)
+    failed = threading.Event()
+
+    def operator():
+        """Kill the worker once the chief trains; on a permanent exit or the deadline end the
+        run (no restarts left, every task killed) instead of waiting for a hung chief."""
+        deadline = time.monotonic() + 420
+        while not any(line.startswith("[chief:0] step ") for line in lines):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        else:
+            next(t for t in supervisor.tasks if t.name == "worker:0").process.kill()
+            while not done.is_set() and not permanent and time.monotonic() < deadline:
+                time.sleep(0.5)
+        while not done.is_set():
+            failed.set()
+            supervisor.max_restarts = 0
+            for task in list(supervisor.tasks):
+                if task.process and task.process.poll() is None:
+                    task.process.kill()
+            time.sleep(1)
+
+    done = threading.Event()
+    helper = threading.Thread(target=operator, daemon=True)
+    helper.start()
+    try:
+        code = supervisor.run()
+    finally:
+        done.set()
+        helper.join(10)
+    assert not failed.is_set() and not permanent and code == 0, "\n".join(lines)
+    text = "\n".join(lines)
+    assert re.search(r"^\[chief:0\] estimator-dist: error: a training step has not returned for "
+                     r"\d+ s \(after \d+ steps of this run\): a peer worker is gone .* exit code "
+                     r"144 \(retryable\)", text, re.M), text
+    assert "[launcher] chief:0 exited with code 144; restarting it" in text
+    assert "[chief:0] done: step 3000" in text

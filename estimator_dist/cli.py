@@ -2,6 +2,7 @@
 import argparse
 import difflib
 import os
+import signal
 import sys
 
 from estimator_dist import errors
@@ -260,9 +261,21 @@ def subcommand(parser: Parser, name: str) -> Parser:
     return actions[0].choices[name]
 
 
+def exit_on_early_sigterm():
+    """`train` until its own SIGTERM handling starts (importing TensorFlow alone takes
+    seconds): one line and exit 143, as later; it died by the raw signal (-15)."""
+    def handler(signum, frame):
+        os.write(2, f"estimator-dist: preempted: {errors.OUTSIDE_THE_RUN}\n".encode())
+        os._exit(errors.EXIT_PREEMPTED)  # noqa: SLF001 - nothing written yet
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
+    if args.command == "train" and argv is None:  # a process of its own, not a test's call
+        exit_on_early_sigterm()
     if args.command in PASS_THROUGH:
         args.train_args = rest
         args.verbose = "--verbose" in rest

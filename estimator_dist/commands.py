@@ -44,9 +44,12 @@ def saved_config(model_dir: str, **flags):
 
 
 def train(args):
-    config = config_from_args(args)
-    checkpoints.check_same_model(runner.default_model_dir(config), config.model)
-    runner.train(config)
+    # Until the run's guard takes over (and after it), SIGTERM exits 143 at once with one
+    # line, in every role: it was a raw -15, or ignored while peers were connecting.
+    with preemption.exit_on_sigterm(preemption.outside_the_run):
+        config = config_from_args(args)
+        checkpoints.check_same_model(runner.default_model_dir(config), config.model)
+        runner.train(config)
 
 
 def evaluate(args):
@@ -94,14 +97,15 @@ def list_registered(args):
         print(f"  {name:<12} {INPUTS.get(name).doc}")
 
 
-def checked_train_args(args) -> list:
-    """The pass-through train flags, with --strategy made explicit, validated before any launch."""
+def checked_train_args(args, default_strategy=None) -> list:
+    """The pass-through train flags, with --strategy made explicit (default_strategy, else
+    the cluster's), validated before any launch."""
     from estimator_dist import launcher
     from estimator_dist.cli import build_parser
 
     train_args = launcher.train_args_for(args.command, getattr(args, "launcher", None),
                                          args.train_args)
-    strategy = launcher.cluster_strategy(None, args.ps)
+    strategy = default_strategy or launcher.cluster_strategy(None, args.ps)
     if not any(a == "--strategy" or a.startswith("--strategy=") for a in train_args):
         train_args += ["--strategy", strategy]
     parser = build_parser()
@@ -154,8 +158,10 @@ def tfjob(args):
         files.check_output_file("--output", args.output, "tfjob.yaml")
     # A bad --pvc was reported as the --model_dir that is not on it.
     tfjob_lib.check_job_flags(args.name, args.image, args.namespace, args.pvc, args.mount_path)
-    train_args, config = checked_train_args(args)
-    tfjob_lib.check_shared_model_dir(config.train.model_dir, args.pvc, args.mount_path)
+    train_args, config = checked_train_args(
+        args, tfjob_lib.default_strategy(args.workers, args.ps, args.evaluator))
+    replicas = sum(tfjob_lib.replica_counts(args.workers, args.ps, args.evaluator).values())
+    tfjob_lib.check_shared_model_dir(config.train.model_dir, args.pvc, args.mount_path, replicas)
     job = tfjob_lib.manifest(args.name, args.image, train_args, args.workers, args.ps,
                              args.evaluator, args.namespace, args.pvc, args.mount_path)
     text = tfjob_lib.to_yaml(job)

@@ -24,6 +24,7 @@ import tensorflow as tf
 from estimator_dist import checkpoints
 from estimator_dist import memory
 from estimator_dist import numerics
+from estimator_dist import peers
 from estimator_dist import preemption
 from estimator_dist import preemption_vote
 from estimator_dist import quiet
@@ -47,6 +48,7 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
         self._runs_per_step = max(1, runs_per_step)
         self._saves_on_stop = saves_on_stop
         self.step: Optional[int] = None
+        self.session_created = False  # read by the SIGTERM watcher thread
         self.active = False
         self.stop_requested = False
         self.stop_signal = signal.SIGTERM  # or SIGINT: what the stop's line and exit code say
@@ -69,6 +71,7 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
     def after_create_session(self, session, coord):
         self.step = int(session.run(self._global_step))
         self._runs = 0
+        self.session_created = True
 
     def after_run(self, run_context, run_values):
         self._runs += 1
@@ -124,10 +127,11 @@ class TrainingGuard:
     multi_worker_mirrored (`chief_saves_alone` False) every worker takes part in a
     save, so there every worker handles SIGTERM: the workers vote to stop at one
     step, save together and exit 143 (preemption_vote.py), within the same deadline.
-    The evaluator stops at once (exit 143), removing an export it was writing. Ps
-    tasks and the workers of parameter-server training keep SIGTERM's default,
-    immediate exit (they write nothing). After a failure a task removes only the temp
-    files of what it writes: checkpoints (local, chief), exports (local, evaluator).
+    The evaluator, ps tasks and the workers of parameter-server training write no
+    checkpoint: they exit 143 at once with one line (the evaluator removing an export it
+    was writing), from the signal's watcher thread (preemption.exit_now). After a failure
+    a task removes only the temp files of what it writes: checkpoints (local, chief),
+    exports (local, evaluator).
     """
 
     def __init__(self, model_dir: str, runs_per_step: int = 1, role: str = "local",
@@ -136,13 +140,15 @@ class TrainingGuard:
         self.role = role
         votes = not chief_saves_alone and role in ("chief", "worker")
         self.vote = preemption_vote.VoteHook(workers, runs_per_step) if votes else None
+        # The same workers step together: one gone stalls the others (peers.py).
+        self.stall = peers.StallHook(model_dir) if votes and workers > 1 else None
         self.hook = GuardHook(model_dir, runs_per_step, saves_on_stop=not votes)
-        self.handles_sigterm = role in ("local", "evaluator") or votes or \
-            (role == "chief" and chief_saves_alone)
+        # Finishes its step and saves on SIGTERM; the others exit at once.
+        self.handles_sigterm = role == "local" or votes or (role == "chief" and chief_saves_alone)
         self._deadline, self._deadline_lock = None, threading.Lock()
 
     def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:
-        hooks = (self.hook,) + ((self.vote,) if self.vote else ())
+        hooks = (self.hook,) + tuple(h for h in (self.vote, self.stall) if h)
         return tf.estimator.TrainSpec(train_spec.input_fn, train_spec.max_steps,
                                       tuple(train_spec.hooks) + hooks,
                                       train_spec.saving_listeners)
@@ -152,6 +158,8 @@ class TrainingGuard:
             hooks=tuple(eval_spec.hooks) + (EvaluationStopHook(self.hook, self.model_dir),))
 
     def _on_sigterm(self, signum=signal.SIGTERM):
+        if self.role in ("chief", "worker") and not self.hook.session_created:
+            return  # nothing to save: the watcher thread exits at once (_start_deadline)
         if self.hook.stop_requested or (self.vote and self.vote.stopped_at is not None):
             return  # already stopping (under a vote: every worker saving together)
         self.hook.stop_requested = True
@@ -159,21 +167,34 @@ class TrainingGuard:
         if self.vote:
             self.vote.signalled = True
         self._start_deadline()
-        if self.role == "evaluator":  # an export in flight is removed on the way out
-            raise preemption.evaluator_stopped(tf.train.latest_checkpoint(self.model_dir))
         if not self.hook.active:  # no training step to finish: stop now
             raise preemption.preempted_outside_training(tf.train.latest_checkpoint(self.model_dir),
                                                         signum)
 
     def _start_deadline(self):
         """A cluster task exits 143 PEER_DEADLINE_S after SIGTERM at the latest (once);
-        also called by preemption.SignalWatch while the main thread is blocked."""
+        called by preemption.SignalWatch's thread the moment SIGTERM arrives, also while the
+        main thread is blocked. Before its session exists (building the graph, waiting for
+        its peers to connect) a task has nothing to save: it exits at once."""
         if self.role not in ("chief", "worker"):
             return
+        if not self.hook.session_created:
+            preemption.exit_now(preemption.connecting_stopped(
+                tf.train.latest_checkpoint(self.model_dir)), cleanup=self._remove_own_temp_files)
         with self._deadline_lock:
             if self._deadline is None:
                 self._deadline = preemption.exit_by_deadline(
                     preemption.PEER_DEADLINE_S, lambda: tf.train.latest_checkpoint(self.model_dir))
+
+    def _stopped(self):
+        """What a task that exits at once on SIGTERM says."""
+        latest = tf.train.latest_checkpoint(self.model_dir)
+        if self.role == "evaluator":
+            return preemption.evaluator_stopped(latest)
+        return preemption.task_stopped(self.role, latest)
+
+    def _remove_own_temp_files(self):
+        storage.remove(storage.temp_entries(self._watched()) - self._before)
 
     def _watched(self) -> List[str]:
         watched = [self.model_dir] if self.role in ("local", "chief") else []
@@ -185,9 +206,12 @@ class TrainingGuard:
         self._before = storage.temp_entries(self._watched())
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(storage.not_world_writable())
-        self._stack.enter_context(preemption.on_sigterm(self._on_sigterm,
-                                                        enabled=self.handles_sigterm,
-                                                        at_once=self._start_deadline))
+        if self.handles_sigterm:
+            self._stack.enter_context(preemption.on_sigterm(self._on_sigterm,
+                                                            at_once=self._start_deadline))
+        else:
+            self._stack.enter_context(preemption.exit_on_sigterm(
+                self._stopped, cleanup=self._remove_own_temp_files))
         # Ctrl-C in a local run stops as SIGTERM does, exit 130: it dropped every step since
         # the last checkpoint. A cluster's tasks are stopped by their launcher.
         self._stack.enter_context(preemption.on_signal(
@@ -207,6 +231,9 @@ class TrainingGuard:
             step = self.hook.step + 1 if self.hook.step is not None else None
             raise preemption.preempted_by_peers(step, first_line(exc),
                                                 tf.train.latest_checkpoint(self.model_dir)) from None
+        if self.stall and isinstance(exc, peers.PEER_ERRORS):
+            step = self.hook.step + 1 if self.hook.step is not None else None
+            raise peers.peer_failed(exc, step, tf.train.latest_checkpoint(self.model_dir)) from None
         if numerics.is_non_finite(exc):
             step = self.hook.step + 1 if self.hook.step is not None else None
             raise numerics.non_finite_error(exc, step, tf.train.latest_checkpoint(self.model_dir),

@@ -6,12 +6,18 @@ when the chief ends: the evaluator (if any) gets time to evaluate and export the
 final checkpoint, then every remaining task (ps tasks never exit by themselves)
 is stopped by PID, and the chief's exit code is returned.
 
+Signals: Ctrl-C (SIGINT) or SIGTERM to the launcher stops every task and exits 128 +
+the signal's number (130, 143), as every task does. The launcher's own output may be
+gone (`| tee log` killed by the same Ctrl-C): writing to it never stops the clean-up,
+and each task gets SIGTERM from the kernel if the launcher dies anyway (SIGKILL).
+
 Watchdog: a task that dies is restarted, at most --max_restarts times in all.
 Under parameter-server training a dead worker or evaluator is restarted alone
 (the others carry on); a dead ps loses the variables it holds, and under
 multi_worker_mirrored a dead peer hangs the others forever, so in those cases the
 whole cluster is stopped and started again, resuming from the last checkpoint.
 """
+import ctypes
 import json
 import os
 import signal
@@ -104,6 +110,20 @@ class Task:
         return self.kind or self.name.split(":")[0]
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Loaded here: between fork and exec the child only calls it.
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent(parent: int):
+    """preexec_fn: the kernel sends the task SIGTERM when the launcher dies (even by SIGKILL),
+    so no task outlives it (they stayed alive with PPID 1, hung). SIGTERM, not SIGKILL: a
+    task still saves its final checkpoint. If the launcher died before this ran, exit now."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(128 + signal.SIGTERM)  # noqa: SLF001 - in the forked child, before exec
+
+
 class Supervisor:
     """Starts tasks, prefixes their output, restarts the dead, stops everything at the end."""
 
@@ -123,17 +143,27 @@ class Supervisor:
         self.workers_exit_timeout = workers_exit_timeout
         self.restarts = 0
         self._lock = threading.Lock()
-        self._stopping = False
+        self._output_gone = False
+
+    def _write(self, line: str):
+        """emit(line), unless the output is gone (a closed pipe: `| tee` stopped by the same
+        Ctrl-C): then the line is dropped, and nothing stops the clean-up or the draining of
+        the tasks' pipes (a task blocked writing to a full pipe never exits)."""
+        with self._lock:
+            if self._output_gone:
+                return
+            try:
+                self.emit(line)
+            except (BrokenPipeError, ValueError):  # ValueError: writing to a closed file
+                self._output_gone = True
+                _detach_stdout()
 
     def say(self, text: str):
-        with self._lock:
-            self.emit(f"[launcher] {text}")
+        self._write(f"[launcher] {text}")
 
     def _pump(self, task: Task, stream):
         for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            with self._lock:
-                self.emit(f"[{task.name}] {line}")
+            self._write(f"[{task.name}] " + raw.decode("utf-8", "replace").rstrip("\n"))
         stream.close()
 
     def start(self, task: Task):
@@ -141,8 +171,10 @@ class Supervisor:
         env.pop("TF_CONFIG", None)  # a Horovod rank must not see one (RunConfig would read it)
         if task.tf_config:
             env["TF_CONFIG"] = task.tf_config
+        parent = os.getpid()
         task.process = subprocess.Popen(task.argv, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=lambda: die_with_parent(parent))
         task.started_at = time.monotonic()
         task.up = (task.port is None and task.ready is None) or task.role == "evaluator"
         task.reader = threading.Thread(target=self._pump, args=(task, task.process.stdout), daemon=True)
@@ -150,31 +182,33 @@ class Supervisor:
         self.say(f"started {task.name} pid {task.process.pid}"
                  + (f" on {LOOPBACK}:{task.port}" if task.port and task.role != "evaluator" else ""))
 
-    def stop(self, task: Task):
-        """SIGTERM, then SIGKILL after a grace period; by PID, never by name.
-
-        A ps task only serves variables (checkpoints are the chief's): it is killed at once.
-        """
-        proc = task.process
-        if proc is None or proc.poll() is not None:
-            return
-        if task.role == "ps":
-            proc.kill()
-            proc.wait()
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(STOP_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    def stop_tasks(self, tasks: List[Task]):
+        """SIGTERM to every task at once, SIGKILL to those alive STOP_GRACE_SECONDS later; by
+        PID, never by name. All at once: multi_worker_mirrored workers stop together (their
+        vote), and n tasks take one grace period, not n. A ps task only serves variables
+        (checkpoints are the chief's): it is killed once the others are gone, since the
+        chief's final save reads the variables it holds."""
+        alive = [t for t in tasks if t.process is not None and t.process.poll() is None]
+        servers = [t.process for t in alive if t.role == "ps"]
+        others = [t.process for t in alive if t.role != "ps"]
+        for proc in others:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for proc in others:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for proc in others + servers:
+            if proc.poll() is None:
+                proc.kill()
             proc.wait()
 
     def stop_all(self):
         # A second Ctrl-C or SIGTERM must not cut the clean-up short and orphan tasks.
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            for task in self.tasks:
-                self.stop(task)
+            self.stop_tasks(self.tasks)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -247,6 +281,14 @@ class Supervisor:
         return chief.process.returncode
 
     def run(self) -> int:
+        """Run the cluster; whatever ends the run (a signal, a closed output, a bug), every
+        task is stopped before this returns."""
+        try:
+            return self._run()
+        finally:
+            self.stop_all()
+
+    def _run(self) -> int:
         for task in self.tasks:
             self.start(task)
         try:
@@ -277,10 +319,11 @@ class Supervisor:
             self.say(f"error: {e}")
             self.stop_all()
             return EXIT_CLUSTER_FAILED
-        except KeyboardInterrupt:
-            self.say("interrupted; stopping every task")
+        except KeyboardInterrupt as e:
+            signum = getattr(e, "signum", signal.SIGINT)
+            self.say(f"{signal.Signals(signum).name}; stopping every task")
             self.stop_all()
-            return 130
+            return 128 + signum
 
 
 class ClusterFailed(Exception):
@@ -323,13 +366,41 @@ def build_tasks(train_args: List[str], workers: int, ps: int, evaluator: bool,
     return [Task(name, argv, configs[name], port) for name, port in zip(names, ports)]
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM to the launcher: the run ends with 128 + signum."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 def install_signal_handlers():
-    """SIGTERM behaves like Ctrl-C: the supervisor stops every task."""
+    """SIGTERM behaves like Ctrl-C (the supervisor stops every task) but exits 143, as a
+    task does on SIGTERM (it exited 130)."""
 
     def handler(signum, frame):
-        raise KeyboardInterrupt
+        raise Interrupted(signum)
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _detach_stdout():
+    """Point fds 1 and 2 at /dev/null once the output is gone, so that Python's flush at exit
+    does not fail (and print a BrokenPipeError) after the run ended cleanly."""
+    same = os.path.sameopenfile(1, 2) if _is_open(2) else False
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2) if same else (1,):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
 
 
 def launch(train_args: List[str], workers: int, ps: int, evaluator: bool, max_restarts: int,

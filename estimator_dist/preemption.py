@@ -18,9 +18,12 @@ peers, which a scheduler may be stopping at the same moment: so a deadline
 (`PEER_DEADLINE_S`) starts with the signal, after which the task exits 143 at
 once, as it did by default. Under multi_worker_mirrored, whose saves need every
 worker, the workers vote to stop at one step and save it together
-(preemption_vote.py), within the same deadline. The evaluator stops at once,
-removing an export it was writing. Ps tasks and the workers of parameter-server
-training keep the default immediate exit (they write nothing).
+(preemption_vote.py), within the same deadline. The evaluator, ps tasks and the
+workers of parameter-server training write no checkpoint: they exit 143 at once
+(the evaluator removing an export it was writing), from the thread that reads the
+signal, never by raising from a signal handler into TensorFlow (`exit_now`). Before a
+run's guard takes over (start-up) and after it SIGTERM exits 143 at once too
+(`exit_on_sigterm`). Every role: one line, exit 143.
 """
 import contextlib
 import os
@@ -30,7 +33,8 @@ import threading
 
 import tensorflow as tf
 
-from estimator_dist.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, Interrupted, Preempted
+from estimator_dist.errors import (EXIT_INTERRUPTED, EXIT_PREEMPTED, OUTSIDE_THE_RUN, Interrupted,
+                                   Preempted)
 
 CHECKPOINT_BASENAME = "model.ckpt"  # Estimator's CheckpointSaverHook name
 # A cluster chief's time from SIGTERM to exit, at most: under Kubernetes' default grace
@@ -60,11 +64,15 @@ def on_signal(signum: int, callback, enabled: bool = True, at_once=None):
         return
     previous = signal.signal(signum, lambda *_: callback())
     watch = SignalWatch(signum, at_once) if at_once else None
+    # Without at_once, an enclosing SignalWatch (exit_on_sigterm) must not act on it too.
+    muted = None if at_once else signal.set_wakeup_fd(-1)
     try:
         yield
     finally:
         if watch:
             watch.close()
+        if muted is not None:
+            signal.set_wakeup_fd(muted, warn_on_full_buffer=False)
         signal.signal(signum, previous)
 
 
@@ -107,6 +115,28 @@ def stop_on_sigterm(make_error):
         raise make_error()
 
     with on_sigterm(stop):
+        yield
+
+
+def exit_now(error, cleanup=None):
+    """One line, then exit with the error's code (Preempted: 143) at once: called from a
+    thread (SignalWatch's), so nothing is raised into TensorFlow's C++ (an exception raised from a Python signal handler while TF
+    ran a callback surfaced as pybind11's "error_already_set: MISMATCH" RuntimeError, exit 1:
+    an evaluator SIGTERMed while it waited for a checkpoint, 5 times in 12)."""
+    try:
+        if cleanup:
+            cleanup()
+    finally:
+        line = f"estimator-dist: {error.label}: {error}\n".encode("utf-8", "replace")
+        with contextlib.suppress(OSError):
+            os.write(2, line)
+        os._exit(error.exit_code)  # noqa: SLF001 - the main thread may be blocked in TensorFlow
+
+
+@contextlib.contextmanager
+def exit_on_sigterm(make_error, cleanup=None):
+    """Inside: SIGTERM is `exit_now(make_error())`, whatever the main thread is doing."""
+    with on_sigterm(lambda: None, at_once=lambda: exit_now(make_error(), cleanup)):
         yield
 
 
@@ -173,6 +203,27 @@ def evaluator_stopped(checkpoint) -> Preempted:
     return Preempted(f"SIGTERM: the evaluator stopped (an export it was writing is removed); "
                      f"{where_to_resume(checkpoint, 'no checkpoint yet')}; "
                      f"{retry('to go on evaluating')}")
+
+
+def task_stopped(role: str, checkpoint) -> Preempted:
+    """SIGTERM to a task that writes no checkpoint: a ps, a parameter-server worker (or a
+    Horovod rank > 0); the chief saves."""
+    what = "ps task" if role == "ps" else "worker"
+    return Preempted(f"SIGTERM: this {what} stopped (the chief writes the checkpoints); "
+                     f"{where_to_resume(checkpoint, 'no checkpoint yet')}; "
+                     f"{retry('to rejoin the run')}")
+
+
+def connecting_stopped(checkpoint) -> Preempted:
+    """SIGTERM to a cluster task before its training session existed."""
+    return Preempted(f"SIGTERM before training started (building the graph or waiting for "
+                     f"the peers): nothing to save; {where_to_resume(checkpoint)}; "
+                     f"{retry('to resume')}")
+
+
+def outside_the_run() -> Preempted:
+    """SIGTERM outside the run's guard (starting, connecting to its peers, reporting)."""
+    return Preempted(OUTSIDE_THE_RUN)
 
 
 def preempted_outside_training(checkpoint, signum: int = signal.SIGTERM):

@@ -12,6 +12,9 @@ from typing import Callable, Dict, Optional, Tuple
 
 import tensorflow as tf
 
+from tensorflow.python.distribute import collective_all_reduce_strategy
+from tensorflow.python.eager import context
+
 from estimator_dist.devices import Devices
 from estimator_dist.errors import UserError
 
@@ -35,7 +38,23 @@ def _tower(devices: Devices):
 
 
 def _multi_worker_mirrored(devices: Devices):
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication(devices))
+    """Estimator's graph session connects the workers, releasing the GIL as it waits, where
+    SIGTERM is handled (guards.py). Left to itself, the strategy also starts TensorFlow's
+    coordination service and a health-check barrier, and both wait for every peer inside
+    TensorFlow's C++ holding the GIL (no Python thread runs), the service with a SIGTERM
+    handler of its own that only sets a flag: a worker still connecting ignored SIGTERM
+    until SIGKILL (35-60 s, measured). Estimator needs neither: both are left out."""
+    context.context().configure_coordination_service(service_type="")  # "": none
+    extended = collective_all_reduce_strategy.CollectiveAllReduceExtended
+    saved = extended._enable_check_health  # pylint: disable=protected-access
+    extended._enable_check_health = False  # pylint: disable=protected-access
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=communication(devices))
+    finally:
+        extended._enable_check_health = saved  # pylint: disable=protected-access
+    strategy.extended._enable_check_health = False  # Estimator configures it again later
+    return strategy
 
 
 def communication(devices: Devices) -> tf.distribute.experimental.CommunicationOptions:

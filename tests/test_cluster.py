@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from estimator_dist import launcher, tfjob
+from conftest import run_cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ["--model", "digits", "--batch_size", "32", "--seed", "1"]
@@ -243,8 +244,10 @@ def operator_tf_config(job, replica_type, index, hosts):
 def test_tfjob_manifest_replicas_run_with_operator_tf_config(tmp_path):
     model_dir = str(tmp_path / "run")
     out = tmp_path / "job.yaml"
+    # The replicas share model_dir through the claim, mounted here at tmp_path.
     code = subprocess.run([sys.executable, "-m", "estimator_dist", "tfjob", "--image",
                            "registry.example/estimator-dist:1", "--name", "digits-ps",
+                           "--pvc", "claim", "--mount_path", str(tmp_path),
                            "--workers", "2", "--ps", "1", "--evaluator", "--output", str(out),
                            "--strategy", "parameter_server", "--train_steps", "30",
                            "--save_checkpoints_steps", "15", "--model_dir", model_dir] + TRAIN,
@@ -280,6 +283,85 @@ def test_tfjob_manifest_replicas_run_with_operator_tf_config(tmp_path):
     finally:
         os.chdir(cwd)
     assert checkpoint_steps(model_dir)[-1] >= 30 and final_export(model_dir), "\n".join(lines)
+
+
+def tfjob_cli(tmp_path, *flags):
+    """`estimator-dist tfjob` as a user runs it: (the finished process, the manifest or None)."""
+    out = tmp_path / "job.yaml"
+    proc = run_cli("tfjob", "--image", "registry.example/estimator-dist:1", "--output", str(out),
+                   *flags, timeout=120)
+    return proc, (yaml.safe_load(out.read_text()) if out.exists() else None)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("1st-run", "--name '1st-run': the TFJob operator takes only a DNS-1035 label: a lower-case "
+                "letter first, then lower-case letters, digits or '-', no '-' at the end, at most "
+                "63 characters; e.g. 'job-1st-run'"),
+    ("run-", "--name 'run-': the TFJob operator takes only a DNS-1035 label"),
+    ("My_Run", "--name 'My_Run': the TFJob operator takes only a DNS-1035 label"),
+    ("r" * 64, f"--name '{'r' * 64}': the TFJob operator takes only a DNS-1035 label"),
+    # Fits alone, but the operator's service digits-...-evaluator-0 would not.
+    ("d" * 55, f"--name '{'d' * 55}': the operator names this job's services up to "
+               f"'{'d' * 55}-evaluator-0' (67 characters), over the 63 of a DNS label; give a "
+               f"name of at most 51 characters"),
+])
+def test_tfjob_refuses_a_name_the_operator_refuses(name, message, tmp_path):
+    """The operator validates a TFJob's name as a DNS-1035 label: '1st-run' was written."""
+    proc, job = tfjob_cli(tmp_path, "--name", name, "--evaluator", "--model_dir", "gs://b/run")
+    assert (proc.returncode, proc.stdout, job) == (2, "", None), proc.stderr
+    assert proc.stderr.startswith(f"estimator-dist: error: {message}"), proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_a_one_replica_tfjob_runs_without_tf_config(tmp_path):
+    """The operator gives a job of one replica no TF_CONFIG: `--workers 1` wrote
+    multi_worker_mirrored, whose pod exited 2. It now trains on the pod alone."""
+    model_dir = str(tmp_path / "run")
+    proc, job = tfjob_cli(tmp_path, "--workers", "1", "--name", "one-pod", "--train_steps", "10",
+                          "--model_dir", model_dir, *TRAIN)
+    assert proc.returncode == 0, proc.stderr
+    specs = job["spec"]["tfReplicaSpecs"]
+    assert {k: v["replicas"] for k, v in specs.items()} == {"Chief": 1}
+    command = specs["Chief"]["template"]["spec"]["containers"][0]["command"]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}  # as the operator runs it
+    pod = subprocess.run([sys.executable, "-m", "estimator_dist"] + command[1:], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert pod.returncode == 0, pod.stderr
+    assert checkpoint_steps(model_dir)[-1] == 10 and final_export(model_dir)
+
+
+def test_a_one_replica_tfjob_refuses_a_cluster_strategy(tmp_path):
+    proc, job = tfjob_cli(tmp_path, "--workers", "1", "--strategy", "multi_worker_mirrored")
+    assert (proc.returncode, job) == (2, None)
+    assert proc.stderr == ("estimator-dist: error: --strategy multi_worker_mirrored with --workers "
+                           "1 and no --ps or --evaluator: the TFJob operator gives a job of one "
+                           "replica no TF_CONFIG, so its pod would exit 2; use --strategy mirrored "
+                           "(every GPU of the pod) or none, or leave --strategy out, or add "
+                           "--workers 2 or --evaluator\n")
+
+
+@pytest.mark.parametrize("flags", [[], ["--model_dir", "runs/mine"], ["--evaluator"]])
+def test_a_multi_replica_tfjob_refuses_a_pod_local_model_dir(flags, tmp_path):
+    """Without --pvc the default runs/MODEL is private to each pod: the evaluator never saw a
+    checkpoint."""
+    proc, job = tfjob_cli(tmp_path, "--workers", "2", *flags)
+    assert (proc.returncode, job) == (2, None)
+    assert re.fullmatch(r"estimator-dist: error: --model_dir (runs/MODEL \(the default\)|runs/mine): "
+                        r"each of this job's [23] replicas runs in a pod of its own, where that "
+                        r"path is private \(the others never see its checkpoints\); add --pvc "
+                        r"CLAIM and a --model_dir under --mount_path \(e\.g\. "
+                        r"/mnt/estimator-dist/runs/my-run\), or give a gs://, s3://, hdfs:// "
+                        r"--model_dir\n", proc.stderr), proc.stderr
+
+
+@pytest.mark.parametrize("flags", [["--model_dir", "gs://bucket/run"],
+                                   ["--model_dir", "s3://bucket/run", "--pvc", "data"],
+                                   ["--pvc", "data", "--model_dir", "/mnt/estimator-dist/run"]])
+def test_a_multi_replica_tfjob_on_shared_storage_is_written(flags, tmp_path):
+    proc, job = tfjob_cli(tmp_path, "--workers", "2", *flags)
+    assert proc.returncode == 0, proc.stderr
+    command = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--model_dir") + 1] == flags[flags.index("--model_dir") + 1]
 
 
 def test_each_worker_reads_its_own_shard(tmp_path, monkeypatch):
@@ -397,7 +479,7 @@ def test_sigterm_to_the_chief_saves_a_final_checkpoint_and_the_cluster_resumes_f
         assert "[launcher] chief:0 exited with code 143; restarting the whole cluster" in run.text
         wait_for(run, r"^\[chief:0\] step \d+/", start=resumed)
         run.proc.send_signal(signal.SIGTERM)  # Ctrl-C of the launcher: the new chief saves too
-        assert run.wait() == 130, run.text
+        assert run.wait() == 143, run.text
         again = re.findall(r"^\[chief:0\] estimator-dist: preempted: SIGTERM at step (\d+): saved",
                            run.text, re.M)
         assert len(again) == 2 and int(again[1]) > step, run.text
@@ -433,7 +515,7 @@ def test_sigterm_to_one_mwms_worker_stops_every_worker_at_one_step_and_they_save
         _, resumed = wait_for(run, rf"^\[chief:0\] resuming from the checkpoint at step {step} in ")
         wait_for(run, r"^\[chief:0\] step \d+/", start=resumed)
         run.proc.send_signal(signal.SIGTERM)
-        assert run.wait() == 130, run.text
+        assert run.wait() == 143, run.text
     finally:  # a failed step above must not leave the cluster running
         if run.proc.poll() is None:
             run.proc.send_signal(signal.SIGTERM)
@@ -483,6 +565,6 @@ def test_sigterm_stops_every_task(tmp_path):
     pids = [run.pid_of(t) for t in ("chief:0", "worker:0", "ps:0", "evaluator:0")]
     assert all(pids) and all(alive(p) for p in pids), run.text
     run.proc.send_signal(signal.SIGTERM)
-    assert run.wait() == 130
+    assert run.wait() == 143
     time.sleep(1)
     assert not [p for p in pids if alive(p)], run.text

@@ -150,11 +150,11 @@ def test_sigterm_mid_update_of_accumulate_steps_stops_without_waiting_for_it(tmp
     assert_resumes(tmp_path, 0)
 
 
-def test_sigterm_to_a_chief_waiting_for_its_parameter_server_exits_by_the_deadline(tmp_path):
+def test_sigterm_to_a_chief_waiting_for_its_parameter_server_exits_at_once(tmp_path):
     """Its session waits for a ps that never comes inside TensorFlow's C++, where Python's
-    handler cannot run: it was alive 60 s after SIGTERM, until SIGKILL."""
+    handler cannot run: it was alive 60 s after SIGTERM, until SIGKILL; then it exited by the
+    20 s deadline. With no session yet there is nothing to save: it exits at once."""
     from estimator_dist import launcher
-    from estimator_dist import preemption
 
     chief, ps = launcher.free_ports(2)
     env = {**environment(), "TF_CONFIG": json.dumps({
@@ -183,9 +183,10 @@ def test_sigterm_to_a_chief_waiting_for_its_parameter_server_exits_by_the_deadli
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert code == EXIT_PREEMPTED and seconds < preemption.PEER_DEADLINE_S + 10, (code, seconds)
-    assert "estimator-dist: preempted: SIGTERM: the step in flight (or the session's wait for " \
-           "its peers) did not end within 20 s" in err, err[-2000:]
+    assert code == EXIT_PREEMPTED and seconds < 5, (code, seconds)
+    assert "estimator-dist: preempted: SIGTERM before training started (building the graph or " \
+           "waiting for the peers): nothing to save; no checkpoint was written; exit code 143" \
+           in err, err[-2000:]
 
 
 def test_sigterm_during_an_evaluation_between_steps_stops_it_and_exits_143(tmp_path):
@@ -403,7 +404,7 @@ def test_disk_full_writing_a_tfjob_manifest_is_one_line(tmp_path):
     out = tmp_path / "job.yaml"
     out.write_text("earlier\n")
     proc = run([sys.executable, "-m", "estimator_dist", "tfjob", "--name", "j", "--image", "i",
-                "--output", str(out), "--model", "digits"], preexec_fn=fill_disk_at(100))
+                "--workers", "1", "--output", str(out), "--model", "digits"], preexec_fn=fill_disk_at(100))
     err = one_line_storage_error(proc)
     assert err.startswith(f"estimator-dist: error: writing {out} failed: ")
     assert f"the earlier {out} is unchanged" in err
@@ -508,9 +509,10 @@ def test_sigterm_to_the_evaluator_removes_the_export_it_was_writing_and_exits_14
     code, err, _ = signal_when([sys.executable, "-c", EVALUATOR_EXPORTING, str(tmp_path)],
                                lambda: has_temp_export(best), "the export")
     assert code == EXIT_PREEMPTED, err
-    assert err.strip() == ("SIGTERM: the evaluator stopped (an export it was writing is removed); "
-                           "no checkpoint yet; exit code 143 (retryable); rerun the same command "
-                           "to go on evaluating")
+    # It exits from the signal's watcher thread (never raising into TensorFlow): its own line.
+    assert err.strip() == ("estimator-dist: preempted: SIGTERM: the evaluator stopped (an export "
+                           "it was writing is removed); no checkpoint yet; exit code 143 "
+                           "(retryable); rerun the same command to go on evaluating")
     assert os.listdir(best) == []
 
 

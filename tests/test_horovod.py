@@ -190,7 +190,7 @@ def test_sigterm_stops_every_rank(ranks_env, tmp_path):
     pids = [run.pid_of("rank:0"), run.pid_of("rank:1")]
     assert all(pids) and all(alive(p) for p in pids), run.text
     run.proc.send_signal(signal.SIGTERM)
-    assert run.wait() == 130, run.text
+    assert run.wait() == 143, run.text
     time.sleep(1)
     assert not [p for p in pids if alive(p)], run.text
 

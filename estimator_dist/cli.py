@@ -135,6 +135,8 @@ def _add_cluster_shape(p):
     p.add_argument("--workers", type=int, default=2, help="training tasks, the chief included (default 2)")
     p.add_argument("--ps", type=int, default=0, help="parameter-server tasks (default 0)")
     p.add_argument("--evaluator", action="store_true", help="add an evaluator task (it exports)")
+    p.add_argument("--evaluator_gpus", type=int, default=0,
+                   help="GPUs of the evaluator task (default 0: it evaluates on its CPU)")
 
 
 class Parser(argparse.ArgumentParser):
@@ -214,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "train command; other flags go to that command")
     _add_cluster_shape(tj)
     tj.add_argument("--image", required=True, help="container image with estimator-dist installed")
+    tj.add_argument("--gpus", type=int, default=0,
+                    help="GPUs of each chief/worker pod (resource limit nvidia.com/gpu; default 0)")
     tj.add_argument("--name", default="estimator-dist", help="TFJob name (DNS label)")
     tj.add_argument("--namespace", default="default")
     tj.add_argument("--pvc", help="PersistentVolumeClaim mounted on every replica",

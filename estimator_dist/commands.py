@@ -148,7 +148,7 @@ def cluster(args):
 
     train_args, _ = checked_train_args(args)
     return launcher.launch(train_args, args.workers, args.ps, args.evaluator, args.max_restarts,
-                           args.startup_timeout)
+                           args.startup_timeout, evaluator_gpus=args.evaluator_gpus)
 
 
 def tfjob(args):
@@ -158,12 +158,17 @@ def tfjob(args):
         files.check_output_file("--output", args.output, "tfjob.yaml")
     # A bad --pvc was reported as the --model_dir that is not on it.
     tfjob_lib.check_job_flags(args.name, args.image, args.namespace, args.pvc, args.mount_path)
+    # A pod computes on the GPUs it asks for: said to its train command, so the batch split
+    # is checked here with the replicas the pods will have.
+    args.train_args = tfjob_lib.with_num_devices(args.train_args, args.gpus)
     train_args, config = checked_train_args(
         args, tfjob_lib.default_strategy(args.workers, args.ps, args.evaluator))
     replicas = sum(tfjob_lib.replica_counts(args.workers, args.ps, args.evaluator).values())
     tfjob_lib.check_shared_model_dir(config.train.model_dir, args.pvc, args.mount_path, replicas)
+    tfjob_lib.check_gpus(args.gpus, args.evaluator_gpus, config.distribute.num_devices)
     job = tfjob_lib.manifest(args.name, args.image, train_args, args.workers, args.ps,
-                             args.evaluator, args.namespace, args.pvc, args.mount_path)
+                             args.evaluator, args.namespace, args.pvc, args.mount_path,
+                             args.gpus, args.evaluator_gpus)
     text = tfjob_lib.to_yaml(job)
     if args.output:
         files.write_text(args.output, text)

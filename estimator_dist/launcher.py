@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
+from estimator_dist import task_gpus
 from estimator_dist.errors import EXIT_NON_FINITE, EXIT_STORAGE, EXIT_USER, UserError
 
 LOOPBACK = "127.0.0.1"
@@ -358,12 +359,34 @@ def check_shape(workers: int, ps: int, strategy: str):
 
 
 def build_tasks(train_args: List[str], workers: int, ps: int, evaluator: bool,
-                python: str = sys.executable) -> List[Task]:
+                python: str = sys.executable, gpus: Optional[List[str]] = None,
+                evaluator_gpus: int = 0) -> List[Task]:
+    """The tasks, each with its TF_CONFIG, port and GPUs (task_gpus.py; `gpus`: the ids to
+    hand out, default the machine's)."""
     names = task_names(workers, ps, evaluator)
+    shares = task_gpus.assign(names, task_gpus.visible_gpus() if gpus is None else gpus,
+                              _int_flag_in(train_args, "--num_devices"), evaluator_gpus)
     ports = free_ports(len(names))
     configs = make_tf_configs(names, ports)
     argv = [python, "-m", "estimator_dist", "train"] + list(train_args)
-    return [Task(name, argv, configs[name], port) for name, port in zip(names, ports)]
+    return [Task(name, argv, configs[name], port,
+                 env={"CUDA_VISIBLE_DEVICES": shares[name]} if shares else {})
+            for name, port in zip(names, ports)]
+
+
+def _int_flag_in(train_args: List[str], flag: str) -> int:
+    """An integer train flag's value (the last given), 0 when absent or not a number (the
+    train command refuses that itself)."""
+    found = "0"
+    for i, arg in enumerate(train_args):
+        if arg == flag and i + 1 < len(train_args):
+            found = train_args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.split("=", 1)[1]
+    try:
+        return int(found)
+    except ValueError:
+        return 0
 
 
 class Interrupted(KeyboardInterrupt):
@@ -404,7 +427,7 @@ def _is_open(fd: int) -> bool:
 
 
 def launch(train_args: List[str], workers: int, ps: int, evaluator: bool, max_restarts: int,
-           startup_timeout: float, emit=print) -> int:
+           startup_timeout: float, emit=print, evaluator_gpus: int = 0) -> int:
     """Run the cluster to completion; returns the chief's exit code (or 3 / 130).
 
     `--strategy horovod` in train_args runs Horovod ranks instead (horovod_launch.py).
@@ -422,11 +445,17 @@ def launch(train_args: List[str], workers: int, ps: int, evaluator: bool, max_re
     if strategy == "horovod":
         from estimator_dist import horovod_launch
 
+        if evaluator_gpus:
+            raise UserError(f"--evaluator_gpus {evaluator_gpus}: Horovod has no evaluator task "
+                            f"(rank 0 evaluates on its own GPU); drop it")
+
         return horovod_launch.launch(train_args, workers, evaluator, max_restarts,
                                      startup_timeout, emit)
 
     def fresh():
-        return build_tasks(train_args, workers, ps, evaluator)
+        return build_tasks(train_args, workers, ps, evaluator, evaluator_gpus=evaluator_gpus)
+
+    fresh()  # refuses a GPU split that cannot work before any task starts
 
     supervisor = Supervisor(fresh(), whole_restart=strategy == "multi_worker_mirrored",
                             max_restarts=max_restarts, startup_timeout=startup_timeout,

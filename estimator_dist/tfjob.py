@@ -28,6 +28,7 @@ LABEL_MAX = 63
 REMOTE_PREFIXES = ("gs://", "s3://", "hdfs://")
 # The strategy of a job of one replica: it gets no TF_CONFIG, so it runs on one machine.
 ONE_REPLICA_STRATEGY = "mirrored"
+GPU_RESOURCE = "nvidia.com/gpu"  # NVIDIA's device plugin
 # A container image reference, as Docker's reference grammar has it (distribution/reference).
 _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -37,12 +38,36 @@ IMAGE_RE = re.compile(
     r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
 
 
-def _container(image: str, command: List[str], mount_path: str, pvc: str) -> Dict[str, Any]:
+def _container(image: str, command: List[str], mount_path: str, pvc: str,
+               gpus: int = 0) -> Dict[str, Any]:
     container = {"name": CONTAINER, "image": image, "command": command,
                  "ports": [{"name": "tfjob-port", "containerPort": PORT}]}
     if pvc:
         container["volumeMounts"] = [{"name": "shared", "mountPath": mount_path}]
+    if gpus:  # without a limit the pod gets no GPU and trains on its CPU, silently
+        container["resources"] = {"limits": {GPU_RESOURCE: gpus}}
     return container
+
+
+def gpus_of(replica_type: str, gpus: int, evaluator_gpus: int) -> int:
+    """GPUs a replica asks for: the training ones --gpus, the evaluator --evaluator_gpus, a
+    ps none (its variables live on its CPU)."""
+    return {"Chief": gpus, "Worker": gpus, "Evaluator": evaluator_gpus}.get(replica_type, 0)
+
+
+def with_num_devices(train_args: List[str], gpus: int) -> List[str]:
+    """The pods' train flags, with `--num_devices GPUS` when --gpus is given and they set none."""
+    given = any(a == "--num_devices" or a.startswith("--num_devices=") for a in train_args)
+    return list(train_args) + (["--num_devices", str(gpus)] if gpus > 0 and not given else [])
+
+
+def check_gpus(gpus: int, evaluator_gpus: int, num_devices: int):
+    if gpus < 0 or evaluator_gpus < 0:
+        raise UserError(f"--gpus {gpus} --evaluator_gpus {evaluator_gpus}: must be >= 0")
+    if num_devices and num_devices != gpus:
+        raise UserError(f"--num_devices {num_devices} with --gpus {gpus}: each pod computes on "
+                        f"the GPUs it asks for; give --num_devices {gpus} or leave it out (0: "
+                        f"every GPU of the pod)")
 
 
 def _replica(count: int, container: Dict[str, Any], pvc: str, restart: str) -> Dict[str, Any]:
@@ -54,7 +79,8 @@ def _replica(count: int, container: Dict[str, Any], pvc: str, restart: str) -> D
 
 def manifest(name: str, image: str, train_args: List[str], workers: int, ps: int,
              evaluator: bool, namespace: str = "default", pvc: str = "",
-             mount_path: str = DEFAULT_MOUNT_PATH) -> Dict[str, Any]:
+             mount_path: str = DEFAULT_MOUNT_PATH, gpus: int = 0,
+             evaluator_gpus: int = 0) -> Dict[str, Any]:
     """The TFJob as a dict. Chief + (workers - 1) Workers + ps PS (+ an Evaluator).
 
     restartPolicy ExitCode: the operator restarts a replica on retryable exit codes
@@ -66,8 +92,9 @@ def manifest(name: str, image: str, train_args: List[str], workers: int, ps: int
     check_one_replica(workers, ps, evaluator, strategy)
     check_service_names(name, workers, ps, evaluator)
     command = ["estimator-dist", "train"] + list(train_args)
-    container = _container(image, command, mount_path, pvc)
-    replicas = {rtype: _replica(n, container, pvc, "ExitCode")
+    replicas = {rtype: _replica(n, _container(image, command, mount_path, pvc,
+                                              gpus_of(rtype, gpus, evaluator_gpus)),
+                                pvc, "ExitCode")
                 for rtype, n in replica_counts(workers, ps, evaluator).items()}
     return {
         "apiVersion": "kubeflow.org/v1",

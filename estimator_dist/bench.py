@@ -157,8 +157,6 @@ QUICK_CASES = {
             "project multi_worker_mirrored 2 worker(s) x 1 core",
             "comm multi_worker_mirrored 1 worker(s) x 1 core",
             "comm multi_worker_mirrored 2 worker(s) x 1 core", "tcp ring 2 worker(s) x 1 core",
-            "project multi_worker_mirrored 2 worker(s) x 1 core fp16",
-            "comm multi_worker_mirrored 2 worker(s) x 1 core fp16",
             "project horovod 2 worker(s) x 1 core"),
     "cifar": ("keras none N=1",),
 }

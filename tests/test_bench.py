@@ -171,7 +171,7 @@ def test_quick_bench_writes_table_csv_and_png(tmp_path):
     assert float(scaling["ratio"]) > 0
     ran = {label for label, two, _ in bench.BOUNDS if ("mlp", two) in expected}
     bounds = [t for t in targets if t["model"] == "mlp" and t["target"] in ran]
-    assert len(bounds) == len(ran) >= 3  # MWMS float32 and fp16, the TCP ring
+    assert len(bounds) == len(ran) >= 2  # MWMS's all-reduce, the TCP ring
     for t in bounds:  # the all-reduce costs something, so each bound lies in (0, 1]
         assert 0 < float(t["ratio"]) <= 1.05 and t["note"].startswith("all-reduce "), t
 

@@ -26,6 +26,33 @@ def run_cli(*args, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_on_a_terminal(args, columns=None, timeout=120):
+    """`python -m estimator_dist ARGS` writing to a pseudo-terminal (`columns` wide when given),
+    as from a user's shell: (exit code, everything it wrote, as text)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    if columns:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "estimator_dist", *args], stdout=slave,
+                            stderr=slave, cwd=REPO)
+    os.close(slave)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(master)
+    return proc.wait(timeout), output.decode()
+
+
 def make_config(model="digits", overrides=(), **flags):
     """A Config as the CLI would build it from flags (None = not given)."""
     entry = MODELS.get(model)

@@ -6,13 +6,9 @@ classification/regression signatures TF Serving's :classify and :regress need.
 """
 import csv
 import io
-import fcntl
 import os
-import pty
-import struct
 import subprocess
 import sys
-import termios
 import textwrap
 
 import numpy as np
@@ -20,7 +16,7 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, run_on_a_terminal
 from estimator_dist import hooks, report
 
 BIN = os.path.dirname(sys.executable)
@@ -228,23 +224,10 @@ def test_cifar_export_serves_every_signature(tmp_path):
 
 def test_progress_bar_on_an_80_column_terminal_redraws_one_line(tmp_path):
     """A real pty 80 columns wide: no redraw reaches the last column (it would wrap)."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "estimator_dist", "train", "--train_steps",
-                             "40", "--export", "none", "--model_dir", str(tmp_path)],
-                            stdout=slave, stderr=slave, cwd=REPO)
-    os.close(slave)
-    output = b""
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        output += chunk
-    assert proc.wait(120) == 0
-    redraws = [part for line in output.decode().split("\n") for part in line.split("\r")
+    code, text = run_on_a_terminal(["train", "--train_steps", "40", "--export", "none",
+                                    "--model_dir", str(tmp_path)], columns=80)
+    assert code == 0
+    redraws = [part for line in text.split("\n") for part in line.split("\r")
                if part.startswith("[")]
     assert redraws and all(len(part) < 80 for part in redraws), redraws
     assert "] 40/40" in redraws[-1]

@@ -2,7 +2,6 @@
 seconds, progress output, report, seeded determinism; predict's CSV reading."""
 import json
 import os
-import pty
 import re
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 
-from conftest import make_config, quick_train
+from conftest import make_config, quick_train, run_on_a_terminal
 from estimator_dist import early_stopping, export as export_lib, predict, report, runner
 from estimator_dist.errors import UserError
 
@@ -166,22 +165,9 @@ def test_plain_progress_lines_when_not_a_terminal(tmp_path):
 
 
 def test_progress_bar_on_a_terminal(tmp_path):
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "estimator_dist", "train", "--train_steps", "60",
-                             "--export", "none", "--model_dir", str(tmp_path)],
-                            stdout=slave, stderr=slave, cwd=REPO)
-    os.close(slave)
-    output = b""
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        output += chunk
-    assert proc.wait(120) == 0
-    text = output.decode()
+    code, text = run_on_a_terminal(["train", "--train_steps", "60", "--export", "none",
+                                    "--model_dir", str(tmp_path)])
+    assert code == 0
     assert "\r[" in text and "] 60/60" in text and "ETA" in text
     assert "\nstep " not in text  # the bar replaces the periodic lines
 

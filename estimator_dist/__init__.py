@@ -9,11 +9,11 @@ __version__ = "0.1.0"
 
 _PUBLIC = {
     "UserError": "estimator_dist.errors",
-    "register_model": "estimator_dist.registry",
-    "register_input": "estimator_dist.registry",
-    "minimize": "estimator_dist.train_op",
-    "classification_spec": "estimator_dist.heads",
-    "regression_spec": "estimator_dist.heads",
+    "register_model": "estimator_dist.training.registry",
+    "register_input": "estimator_dist.training.registry",
+    "minimize": "estimator_dist.graph.train_op",
+    "classification_spec": "estimator_dist.graph.heads",
+    "regression_spec": "estimator_dist.graph.heads",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -1,6 +1,6 @@
 """`python -m estimator_dist` is the `estimator-dist` command."""
 import sys
 
-from estimator_dist.cli import main
+from estimator_dist.cli.main import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """A training batch must fit in the examples its input pipeline reads (the built-in inputs)."""
 from estimator_dist.errors import UserError
-from estimator_dist.memory import batch_flag
+from estimator_dist.guards.memory import batch_flag
 
 
 def pipeline_share(examples: int, input_context=None) -> int:

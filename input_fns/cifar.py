@@ -12,11 +12,11 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-from estimator_dist import devices as devices_lib
+from estimator_dist.distribute import devices as devices_lib
 from estimator_dist import files
-from estimator_dist import reader_priority
+from estimator_dist.training import reader_priority
 from estimator_dist.errors import UserError
-from estimator_dist.registry import register_input
+from estimator_dist.training.registry import register_input
 from input_fns import cifar_split
 from input_fns.batch_limit import check_training_batch
 

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from estimator_dist import reader_priority
+from estimator_dist.training import reader_priority
 
 HEIGHT = WIDTH = 32
 CHANNELS = 3

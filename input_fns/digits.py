@@ -2,7 +2,7 @@
 import numpy as np
 import tensorflow as tf
 
-from estimator_dist.registry import register_input
+from estimator_dist.training.registry import register_input
 from input_fns.batch_limit import check_training_batch
 
 EVAL_FRACTION = 0.2

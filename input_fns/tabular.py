@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
-from estimator_dist import csv_rows
-from estimator_dist.csv_rows import MISSING
+from estimator_dist.serving import csv_rows
+from estimator_dist.serving.csv_rows import MISSING
 from estimator_dist.errors import UserError
-from estimator_dist.registry import register_input
+from estimator_dist.training.registry import register_input
 from input_fns.batch_limit import check_training_batch
 
 DEFAULT_LABEL = "target"

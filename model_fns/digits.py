@@ -1,9 +1,9 @@
 """A small CNN for the 8x8 digits, built from tf.keras layers inside a model_fn."""
 import tensorflow as tf
 
-from estimator_dist import hparam_checks
-from estimator_dist.heads import classification_spec
-from estimator_dist.registry import register_model
+from estimator_dist.training import hparam_checks
+from estimator_dist.graph.heads import classification_spec
+from estimator_dist.training.registry import register_model
 
 
 def build_network(filters: int, dense_units: int, dropout: float, num_classes: int):

@@ -8,8 +8,8 @@ import math
 import tensorflow as tf
 
 from estimator_dist.errors import UserError
-from estimator_dist.heads import classification_spec, regression_spec
-from estimator_dist.registry import register_model
+from estimator_dist.graph.heads import classification_spec, regression_spec
+from estimator_dist.training.registry import register_model
 
 HPARAMS = {
     "hidden_units": "64,32",

@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_dist
-from estimator_dist.registry import register_model
+from estimator_dist.training.registry import register_model
 from tiny_models import CLASSES, HIDDEN, PREDICT, TRAIN, W_HIDDEN, W_LOGITS
 
 KEYS = tf.compat.v1.GraphKeys

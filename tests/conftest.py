@@ -11,9 +11,9 @@ from estimator_dist import quiet  # noqa: E402
 
 quiet.configure(verbose=False)
 
-from estimator_dist import config as config_lib  # noqa: E402
-from estimator_dist import runner  # noqa: E402
-from estimator_dist.registry import MODELS  # noqa: E402
+from estimator_dist.training import config as config_lib  # noqa: E402
+from estimator_dist.training import run as runner  # noqa: E402
+from estimator_dist.training.registry import MODELS  # noqa: E402
 
 runner.load_builtins()
 

@@ -11,7 +11,7 @@ import signal
 
 import tensorflow as tf
 
-from estimator_dist.registry import register_input
+from estimator_dist.training.registry import register_input
 from tiny_models import TRAIN, X, Y, prepare_tiny  # noqa: F401 - also registers tiny_v1
 
 

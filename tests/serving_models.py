@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_dist
-from estimator_dist.registry import register_input, register_model
+from estimator_dist.training.registry import register_input, register_model
 
 TRAIN, PREDICT = tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.PREDICT
 FEATURES, CLASSES = 6, 3

@@ -7,7 +7,7 @@ import os
 
 import tensorflow as tf
 
-from estimator_dist.registry import register_input
+from estimator_dist.training.registry import register_input
 from input_fns.digits import digits_input, prepare_digits
 
 

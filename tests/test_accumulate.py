@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from conftest import make_config
-from estimator_dist import runner
+from estimator_dist.training import run as runner
 from tiny_models import (EXAMPLES, INITIAL, V1_NAMES, X, Y, assert_same_weights, numpy_gradients,
                          sgd_step, train, weights)
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from estimator_dist import bench
+from estimator_dist.bench import main as bench
 from estimator_dist.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -211,7 +211,7 @@ class FakeGate:
 
 
 def test_clock_reports_ready_after_warmup_then_bursts_without_their_first_step(monkeypatch):
-    from estimator_dist import bench_cases
+    from estimator_dist.bench import cases as bench_cases
 
     now = [0.0]
     monkeypatch.setattr(bench_cases.time, "monotonic", lambda: now[0])
@@ -233,7 +233,7 @@ def test_clock_reports_ready_after_warmup_then_bursts_without_their_first_step(m
 
 
 def test_case_run_figures_are_the_median_step_and_the_window_mean():
-    from estimator_dist import bench_runner
+    from estimator_dist.bench import case_runner as bench_runner
 
     case = bench.cases_for("mlp")[0]
     run = bench_runner.CaseRun(case, 0, "log", global_batch=100)
@@ -249,7 +249,7 @@ def test_case_run_figures_are_the_median_step_and_the_window_mean():
 
 
 def test_a_case_that_dies_fails_alone_and_its_group_goes_on(tmp_path):
-    from estimator_dist import bench_runner
+    from estimator_dist.bench import case_runner as bench_runner
 
     options = bench.Options(output_dir=str(tmp_path), quick=True, case_timeout=120)
     (tmp_path / "logs").mkdir()

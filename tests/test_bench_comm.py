@@ -7,9 +7,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import run_cli
-from estimator_dist import bench, bench_comm
+from estimator_dist.bench import main as bench
+from estimator_dist.bench import comm as bench_comm
 from estimator_dist.errors import UserError
-from estimator_dist.launcher import free_ports
+from estimator_dist.launch.supervisor import free_ports
 
 MLP_SHAPES = ((3072, 256), (256,), (256, 256), (256,), (256, 10), (10,))
 
@@ -47,8 +48,8 @@ def test_ring_all_reduce_sums_every_ranks_gradient(ranks, floats):
 def test_the_model_free_step_has_the_models_variables_and_optimizer(tmp_path):
     assert bench_comm.trainable_shapes("mlp") == MLP_SHAPES
     assert bench_comm.gradient_floats("mlp") == 855_050
-    proc = run_cli("train", "--import", "estimator_dist.bench_cases", "--import",
-                   "estimator_dist.bench_comm", "--model", "bench_comm", "--batch_size", "8",
+    proc = run_cli("train", "--import", "estimator_dist.bench.cases", "--import",
+                   "estimator_dist.bench.comm", "--model", "bench_comm", "--batch_size", "8",
                    "--train_steps", "3", "--export", "none", "--model_dir", str(tmp_path / "m"))
     assert proc.returncode == 0, proc.stderr
     variables = dict(tf.train.list_variables(str(tmp_path / "m")))

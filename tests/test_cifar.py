@@ -14,7 +14,7 @@ import input_fns.cifar as cifar
 import input_fns.cifar_split as cifar_split
 import model_fns.resnet as resnet
 from estimator_dist.errors import UserError
-from estimator_dist.registry import INPUTS, MODELS
+from estimator_dist.training.registry import INPUTS, MODELS
 
 TRAIN = tf.estimator.ModeKeys.TRAIN
 EVAL = tf.estimator.ModeKeys.EVAL
@@ -615,7 +615,7 @@ def test_small_synthetic_training_run_learns(tmp_path):
 
 
 def test_reader_threads_leave_cores_to_the_training_step(tmp_path, monkeypatch):
-    from estimator_dist import devices
+    from estimator_dist.distribute import devices
 
     write_cifar_files(tmp_path)
     monkeypatch.setattr(devices, "available_cores", lambda: 8)

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from conftest import run_cli
-from estimator_dist import cli
+from estimator_dist.cli import main as cli
 
 
 def run_main(argv, capsys):

@@ -13,7 +13,8 @@ import time
 import pytest
 import yaml
 
-from estimator_dist import launcher, tfjob
+from estimator_dist.launch import supervisor as launcher
+from estimator_dist.launch import tfjob
 from conftest import run_cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

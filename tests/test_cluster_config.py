@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from estimator_dist import cluster
+from estimator_dist.distribute import tf_config as cluster
 from estimator_dist.errors import UserError
 
 CL = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
@@ -88,7 +88,7 @@ def test_unset_is_local_and_valid_configs_pass():
 def test_pass_through_typos_get_did_you_mean(argv, unknown, hint, capsys):
     """`train --modle` got "did you mean --model"; the same typo in the flags cluster and tfjob
     pass on to train got only "unrecognized arguments" (from the top-level parser)."""
-    from estimator_dist import cli
+    from estimator_dist.cli import main as cli
 
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)

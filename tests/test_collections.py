@@ -15,7 +15,7 @@ import tensorflow as tf
 import collection_models
 from collection_models import KEYS, PROBES
 from conftest import run_cli
-from estimator_dist import replica_collections
+from estimator_dist.graph import replica_collections
 from tiny_models import max_difference, train, weights
 
 # (model, strategy, devices, global batch, extra flags, overrides). Batch 7 over 2 or 3

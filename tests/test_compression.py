@@ -7,10 +7,10 @@ import tensorflow as tf
 
 import estimator_dist
 from conftest import make_config, run_cli
-from estimator_dist import runner
-from estimator_dist import strategies
+from estimator_dist.training import run as runner
+from estimator_dist.distribute import strategies
 from estimator_dist.errors import UserError
-from estimator_dist.registry import register_model
+from estimator_dist.training.registry import register_model
 from tiny_models import max_difference, train, weights
 
 @pytest.mark.parametrize("setting,tolerance", [("fp16", 2e-3), ("bf16", 2e-2)])

@@ -2,7 +2,7 @@
 import pytest
 import yaml
 
-from estimator_dist import config as config_lib
+from estimator_dist.training import config as config_lib
 from estimator_dist.errors import UserError
 
 HPARAMS = {"learning_rate": 0.1, "depth": 20, "nesterov": False, "optimizer": "sgd"}

@@ -4,9 +4,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import make_config, quick_train
-from estimator_dist import runner
-from estimator_dist.heads import classification_spec
-from estimator_dist.registry import MODELS, register_model
+from estimator_dist.training import run as runner
+from estimator_dist.graph.heads import classification_spec
+from estimator_dist.training.registry import MODELS, register_model
 from model_fns.digits import build_network
 
 MODES = tf.estimator.ModeKeys

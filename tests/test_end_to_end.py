@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import make_config, quick_train
-from estimator_dist import runner
-from estimator_dist.cli import main
+from estimator_dist.training import run as runner
+from estimator_dist.cli.main import main
 from input_fns.digits import load_arrays
 
 STRATEGIES = [("none", 1), ("mirrored", 2), ("central_storage", 2)]
@@ -69,7 +69,7 @@ def test_export_matches_estimator_predict(trained_digits, tmp_path):
     model_dir, summary = trained_digits
     _, _, eval_x, _ = load_arrays(False)
     images = eval_x[:16]
-    config, _ = __import__("estimator_dist.commands", fromlist=["x"]).saved_config(str(model_dir))
+    config, _ = __import__("estimator_dist.cli.commands", fromlist=["x"]).saved_config(str(model_dir))
     p = runner.plan(config)
     est = runner.single_device_estimator(p)
     expected = list(est.predict(tf.compat.v1.estimator.inputs.numpy_input_fn(

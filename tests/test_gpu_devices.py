@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO
-from estimator_dist import devices as devices_lib
-from estimator_dist import horovod as hvd_lib
-from estimator_dist import strategies
+from estimator_dist.distribute import devices as devices_lib
+from estimator_dist.distribute import horovod as hvd_lib
+from estimator_dist.distribute import strategies
 from estimator_dist.errors import UserError
 
 
@@ -94,7 +94,8 @@ def test_horovod_pins_the_local_ranks_gpu_and_refuses_more_ranks_than_gpus(gpus)
 PIN_ORDER = textwrap.dedent('''
     import sys
     import tensorflow as tf
-    from estimator_dist import devices, horovod
+    from estimator_dist.distribute import devices
+    from estimator_dist.distribute import horovod
 
     class Probe:
         """tf.config for two fake GPUs; on the pinning call it checks TensorFlow's runtime has

@@ -16,10 +16,10 @@ import tensorflow as tf
 import guard_models  # noqa: F401 - registers guard_mlp
 import tiny_models
 from conftest import make_config
-from estimator_dist import checkpoints
-from estimator_dist import export as export_lib
-from estimator_dist import runner
-from estimator_dist.cli import main
+from estimator_dist.training import checkpoints
+from estimator_dist.serving import export as export_lib
+from estimator_dist.training import run as runner
+from estimator_dist.cli.main import main
 from estimator_dist.errors import UserError
 
 

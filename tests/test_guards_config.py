@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import make_config
-from estimator_dist import cli
-from estimator_dist import hparam_checks
-from estimator_dist import runner
+from estimator_dist.cli import main as cli
+from estimator_dist.training import hparam_checks
+from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
 from model_fns import digits, resnet
 

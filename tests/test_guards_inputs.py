@@ -15,11 +15,11 @@ import pytest
 import tensorflow as tf
 
 import guard_models  # noqa: F401 - registers guard_mlp
-from estimator_dist import cli
-from estimator_dist import launcher
-from estimator_dist import memory
+from estimator_dist.cli import main as cli
+from estimator_dist.launch import supervisor as launcher
+from estimator_dist.guards import memory
 from estimator_dist.errors import UserError
-from estimator_dist.registry import INPUTS
+from estimator_dist.training.registry import INPUTS
 from input_fns import batch_limit
 from input_fns import cifar
 

@@ -14,8 +14,8 @@ import tensorflow as tf
 
 import guard_models  # noqa: F401 - registers guard_mlp
 from conftest import make_config
-from estimator_dist import runner
-from estimator_dist.cli import main
+from estimator_dist.training import run as runner
+from estimator_dist.cli.main import main
 from estimator_dist.errors import EXIT_NON_FINITE, NonFiniteError
 
 CASES = [
@@ -73,7 +73,7 @@ def test_cli_exit_code_and_resume_from_the_last_good_checkpoint(tmp_path, capsys
 
 
 def test_guard_passes_finite_gradients_unchanged_and_names_the_bad_one():
-    from estimator_dist import numerics
+    from estimator_dist.graph import numerics
 
     with tf.Graph().as_default():
         a = tf.compat.v1.get_variable("a", [3])
@@ -103,7 +103,8 @@ def test_guard_passes_finite_gradients_unchanged_and_names_the_bad_one():
 
 def _minimize_checks(after_last_gradient, conv):
     """(every IsFinite op, the gradient ops they check) of a small net's minimize()."""
-    from estimator_dist import numerics, train_op
+    from estimator_dist.graph import numerics
+    from estimator_dist.graph import train_op
 
     with tf.Graph().as_default() as graph:
         x = tf.random.normal([8, 4, 4, 1])
@@ -138,7 +139,7 @@ def test_minimize_is_ungated_and_checks_after_the_last_gradient_only_when_asked(
                                                  ("mirrored", 2, False), ("tower", 2, False)])
 def test_checks_wait_for_the_last_gradient_on_one_multi_threaded_cpu_replica(strategy, n,
                                                                               expected):
-    from estimator_dist import devices
+    from estimator_dist.distribute import devices
 
     p = runner.plan(make_config(strategy=strategy, num_devices=n, batch_size=8))
     multi_core = devices.available_cores() > 1

@@ -24,9 +24,9 @@ import tensorflow as tf
 
 import guard_models  # noqa: F401 - registers guard_mlp for the in-process parts
 from estimator_dist import files
-from estimator_dist import guards
-from estimator_dist import memory
-from estimator_dist.cli import main
+from estimator_dist.guards import training_guard as guards
+from estimator_dist.guards import memory
+from estimator_dist.cli.main import main
 from estimator_dist.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_STORAGE,
                                    EXIT_USER, OutOfMemory, Preempted, StorageError, UserError)
 
@@ -154,7 +154,7 @@ def test_sigterm_to_a_chief_waiting_for_its_parameter_server_exits_at_once(tmp_p
     """Its session waits for a ps that never comes inside TensorFlow's C++, where Python's
     handler cannot run: it was alive 60 s after SIGTERM, until SIGKILL; then it exited by the
     20 s deadline. With no session yet there is nothing to save: it exits at once."""
-    from estimator_dist import launcher
+    from estimator_dist.launch import supervisor as launcher
 
     chief, ps = launcher.free_ports(2)
     env = {**environment(), "TF_CONFIG": json.dumps({
@@ -490,7 +490,7 @@ def test_sigterm_outside_a_training_step_stops_at_once(tmp_path):
 
 EVALUATOR_EXPORTING = """
 import os, sys, time
-from estimator_dist import guards
+from estimator_dist.guards import training_guard as guards
 from estimator_dist.errors import Preempted
 model_dir = sys.argv[1]
 try:
@@ -534,7 +534,8 @@ def test_sigterm_during_the_export_command_removes_the_partial_export_and_exits_
 def test_sigterm_during_a_graph_build_is_preempted_not_a_model_error(tmp_path, monkeypatch):
     """users_code turns a model_fn's exceptions into "could not build" (exit 2, which nobody
     retries); the Preempted that SIGTERM raises inside a build was reported that way too."""
-    from estimator_dist import quiet, runner
+    from estimator_dist import quiet
+    from estimator_dist.training import run as runner
 
     monkeypatch.setitem(quiet._state, "quiet", True)
 
@@ -625,7 +626,7 @@ allocating anything."""
 import tensorflow as tf
 
 import estimator_dist
-from estimator_dist.registry import register_model
+from estimator_dist.training.registry import register_model
 
 HUGE = 2 ** 31
 

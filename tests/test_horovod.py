@@ -21,9 +21,9 @@ import tensorflow as tf
 
 import tiny_models
 from conftest import make_config
-from estimator_dist import horovod as hvd_lib
-from estimator_dist import launcher
-from estimator_dist import runner
+from estimator_dist.distribute import horovod as hvd_lib
+from estimator_dist.launch import supervisor as launcher
+from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
 from test_cluster import REPO, Run, alive, checkpoint_steps, preempt_and_resume
 
@@ -225,14 +225,14 @@ def test_one_rank_outside_a_launcher_equals_none(tmp_path):
 
 
 def test_not_installed_is_one_line_exit_2(tmp_path, monkeypatch):
-    block = "import sys; sys.modules['horovod'] = None; from estimator_dist.cli import main; "
+    block = "import sys; sys.modules['horovod'] = None; from estimator_dist.cli.main import main; "
     argv = ["train", "--strategy", "horovod", "--model_dir", str(tmp_path / "r")]
     proc = subprocess.run([sys.executable, "-c", block + f"sys.exit(main({argv!r}))"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == NOT_INSTALLED
     assert not (tmp_path / "r").exists()
-    from estimator_dist import horovod_launch
+    from estimator_dist.launch import horovod as horovod_launch
 
     monkeypatch.setitem(sys.modules, "horovod", None)
     monkeypatch.setitem(sys.modules, "horovod.tensorflow", None)
@@ -278,14 +278,14 @@ def test_launcher_shapes_and_flags():
         "--strategy", "horovod"]
     with pytest.raises(UserError, match="^--ps 1: Horovod has no parameter servers"):
         launcher.check_shape(2, 1, "horovod")
-    from estimator_dist import horovod_launch
+    from estimator_dist.launch import horovod as horovod_launch
 
     with pytest.raises(UserError, match="^--evaluator: under --launcher horovod rank 0 evaluates"):
         horovod_launch.launch(["--strategy", "horovod"], 2, True, 0, 10)
 
 
 def test_strategy_checks(monkeypatch):
-    from estimator_dist import cluster
+    from estimator_dist.distribute import tf_config as cluster
 
     with pytest.raises(UserError, match="^--strategy horovod runs one device per rank, got "
                                         "--num_devices 2"):

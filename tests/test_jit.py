@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import quick_train, run_cli
-from estimator_dist import devices as devices_lib
+from estimator_dist.distribute import devices as devices_lib
 
 FLAGS = ["--model", "digits", "--train_steps", "30", "--batch_size", "32", "--seed", "1",
          "--save_checkpoints_steps", "30", "--export", "none"]

@@ -17,9 +17,9 @@ import tensorflow as tf
 
 import estimator_dist as ed
 from conftest import REPO, make_config
-from estimator_dist import runner
+from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
-from estimator_dist.registry import INPUTS, MODELS
+from estimator_dist.training.registry import INPUTS, MODELS
 
 TRAIN, EVAL, PREDICT = tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL, \
     tf.estimator.ModeKeys.PREDICT

@@ -8,10 +8,10 @@ from google.protobuf import text_format
 from tensorflow.core.protobuf import saved_model_pb2
 
 from conftest import make_config, quick_train, run_cli
-from estimator_dist import cli
-from estimator_dist import config as config_lib
-from estimator_dist import precision
-from estimator_dist import runner
+from estimator_dist.cli import main as cli
+from estimator_dist.training import config as config_lib
+from estimator_dist.graph import precision
+from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
 from input_fns.digits import load_arrays
 from test_end_to_end import event_losses

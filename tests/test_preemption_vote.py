@@ -1,6 +1,8 @@
 """The vote's arithmetic; the votes themselves run in test_cluster.py (real processes)."""
-from estimator_dist import launcher, preemption, preemption_vote
-from estimator_dist.preemption_vote import MAX_VOTE_STEPS, VOTE_EVERY_S, steps_to_next_vote
+from estimator_dist.launch import supervisor as launcher
+from estimator_dist.guards import preemption
+from estimator_dist.guards import preemption_vote
+from estimator_dist.guards.preemption_vote import MAX_VOTE_STEPS, VOTE_EVERY_S, steps_to_next_vote
 
 
 def test_votes_come_about_every_vote_every_s_at_the_mean_step_time():

@@ -4,7 +4,7 @@ import glob
 import tensorflow as tf
 from tensorflow.python.training import training_util
 
-from estimator_dist.hooks import ProgressHook
+from estimator_dist.training.hooks import ProgressHook
 
 
 class FetchCounter(tf.compat.v1.train.SessionRunHook):

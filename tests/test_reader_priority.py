@@ -5,7 +5,7 @@ import threading
 import pytest
 import tensorflow as tf
 
-from estimator_dist import reader_priority
+from estimator_dist.training import reader_priority
 
 pytestmark = pytest.mark.skipif(not reader_priority.supported(), reason="Linux only")
 
@@ -65,7 +65,7 @@ def test_not_given_means_the_default_and_zero_means_zero():
 def test_cifar_synthetic_runs_its_reader_threads_at_the_run_s_reader_nice(given, expected):
     """--synthetic too: its training batches come from the same NumPy reader (cifar_split);
     -1 is what a run that leaves --reader_nice out hands the input."""
-    from estimator_dist import runner
+    from estimator_dist.training import run as runner
     from input_fns import cifar
 
     runner.load_builtins()

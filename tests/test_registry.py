@@ -4,8 +4,8 @@ import re
 import pytest
 
 from estimator_dist.errors import UserError
-from estimator_dist import registry
-from estimator_dist.registry import INPUTS, MODELS, Registry, check_data_flags, snake_case
+from estimator_dist.training import registry
+from estimator_dist.training.registry import INPUTS, MODELS, Registry, check_data_flags, snake_case
 
 
 def fresh():
@@ -159,7 +159,7 @@ def test_hparams_the_run_would_replace_or_cannot_save_are_refused(hparams, messa
 
 
 def test_run_params_are_what_the_run_puts_into_params():
-    from estimator_dist import runner
+    from estimator_dist.training import run as runner
     from conftest import make_config
 
     p = runner.plan(make_config("digits"))

@@ -4,7 +4,7 @@ import tensorflow as tf
 from tensorflow.python.client import session as session_lib
 
 from conftest import quick_train
-from estimator_dist import saver_hook
+from estimator_dist.training import saver_hook
 
 STEPS = 60
 

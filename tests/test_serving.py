@@ -17,7 +17,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, run_cli, run_on_a_terminal
-from estimator_dist import hooks, report
+from estimator_dist.training import hooks
+from estimator_dist.serving import report
 
 BIN = os.path.dirname(sys.executable)
 SAVED_MODEL_CLI = os.path.join(BIN, "saved_model_cli")

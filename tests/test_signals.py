@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from estimator_dist import launcher
+from estimator_dist.launch import supervisor as launcher
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ["--model", "digits", "--batch_size", "32", "--seed", "1"]

@@ -2,8 +2,8 @@
 import pytest
 import tensorflow as tf
 
-from estimator_dist import devices as devices_lib
-from estimator_dist import strategies
+from estimator_dist.distribute import devices as devices_lib
+from estimator_dist.distribute import strategies
 from estimator_dist.errors import UserError
 
 CPU2 = devices_lib.Devices(("/cpu:0", "/cpu:1"), "CPU")
@@ -95,7 +95,8 @@ def test_session_config_declares_cpu_count():
 
 def test_scale_lr_multiplies_by_replicas(tmp_path):
     from conftest import make_config
-    from estimator_dist import runner, train_op
+    from estimator_dist.training import run as runner
+    from estimator_dist.graph import train_op
 
     plain = runner.plan(make_config(strategy="mirrored", num_devices=2, model_dir=str(tmp_path)))
     scaled = runner.plan(make_config(strategy="mirrored", num_devices=2, scale_lr=True,

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from conftest import REPO, make_config
-from estimator_dist import runner
+from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
-from estimator_dist.registry import INPUTS, MODELS
+from estimator_dist.training.registry import INPUTS, MODELS
 from test_cluster import Run, checkpoint_steps
 from test_model_code import cli
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 import input_fns.tabular as tabular_input
 import model_fns.tabular as tabular_model
 from estimator_dist.errors import UserError
-from estimator_dist.registry import INPUTS, MODELS
+from estimator_dist.training.registry import INPUTS, MODELS
 
 TRAIN, EVAL, PREDICT = tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL, tf.estimator.ModeKeys.PREDICT
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from conftest import REPO, run_cli
-from estimator_dist import launcher
-from estimator_dist import task_gpus
+from estimator_dist.launch import supervisor as launcher
+from estimator_dist.launch import task_gpus
 from estimator_dist.errors import UserError
 
 NAMES = ["chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"]

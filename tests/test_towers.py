@@ -8,7 +8,8 @@ import tensorflow as tf
 
 import estimator_dist
 from conftest import make_config
-from estimator_dist import runner, towers
+from estimator_dist.training import run as runner
+from estimator_dist.graph import towers
 from estimator_dist.errors import UserError
 from tiny_models import (BATCH, CLASSES, EVAL, EXAMPLES, PREDICT, TRAIN, X, Y, assert_same_weights,
                          max_difference, train, weights)

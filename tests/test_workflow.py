@@ -13,7 +13,11 @@ import pytest
 import tensorflow as tf
 
 from conftest import make_config, quick_train, run_on_a_terminal
-from estimator_dist import early_stopping, export as export_lib, predict, report, runner
+from estimator_dist.training import early_stopping
+from estimator_dist.serving import export as export_lib
+from estimator_dist.serving import predict
+from estimator_dist.serving import report
+from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -173,7 +177,7 @@ def test_progress_bar_on_a_terminal(tmp_path):
 
 
 def test_report_csv_last_step_equals_checkpoint_and_png(tmp_path, capsys):
-    from estimator_dist.cli import main
+    from estimator_dist.cli.main import main
 
     summary = train(tmp_path / "run", train_steps=40, eval_every=20, export="none")
     assert main(["report", "--model_dir", str(tmp_path / "run"), "--output_dir",
@@ -427,7 +431,7 @@ def test_report_names_an_unreadable_event_file_instead_of_train_first(tmp_path, 
     TF 2.15: a file cut anywhere gives its records before the cut, and cut inside its first
     record reads as empty (no error); halved, the training file ends inside its graph, before
     any scalar."""
-    from estimator_dist.cli import main
+    from estimator_dist.cli.main import main
 
     model_dir = tmp_path / "run"
     train(model_dir, train_steps=2, export="none")

@@ -8,8 +8,8 @@ import tensorflow as tf
 
 import estimator_dist
 from conftest import make_config
-from estimator_dist import runner
-from estimator_dist.registry import register_input, register_model
+from estimator_dist.training import run as runner
+from estimator_dist.training.registry import register_input, register_model
 
 TRAIN, EVAL, PREDICT = tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL, tf.estimator.ModeKeys.PREDICT
 FEATURES, HIDDEN, CLASSES = 6, 8, 3

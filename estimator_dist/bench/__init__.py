@@ -1,0 +1,1 @@
+"""The interleaved benchmark: cases, case processes, the all-reduce cost."""

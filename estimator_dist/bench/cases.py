@@ -1,0 +1,348 @@
+"""The measured cases of `estimator-dist bench`; each runs in its own process.
+
+A case is given a JSON spec (see bench.py) and trains one model on one kind of
+driver, in the bursts of steps the bench asks for (bench_runner.py):
+
+- `project`: the `estimator-dist train` command line, run in this process;
+- `plain`: a hand-written `tf.estimator.Estimator` over the same model_fn and
+  input, with no project code around it (RunConfig defaults; at N > 1 only what
+  MirroredStrategy over logical CPUs needs: `device_count` and the strategy);
+- `keras`: `tf.keras` `Model.fit` on a Keras-layers model of the same
+  architecture, batch, optimizer and strategy.
+
+Every driver marks the end of each step on one clock (an Estimator hook or a
+Keras callback), which also holds the process at a gate between bursts. It
+reports the seconds from the bench's launch of the process to the end of the
+first step, each burst's step times and CPU time, and the peak RSS; the bench
+turns them into GLOBAL examples/sec. On "quit" the case leaves at once: what
+follows training (the final checkpoint, evaluation, export) is not measured.
+
+Registering here, on import, the bench's MLP (`bench_mlp`) and the in-memory
+input (`bench_memory`): the project case loads this module with `--import`.
+"""
+import json
+import math
+import os
+import resource
+import sys
+import time
+
+import tensorflow as tf
+
+from estimator_dist.graph.heads import classification_spec
+from estimator_dist.training.registry import register_input, register_model
+
+IMAGE_SHAPE = (32, 32, 3)
+NUM_CLASSES = 10
+# In-memory data: this many examples, generated once in the graph, then cached.
+MEMORY_POOL = 512
+MLP_HPARAMS = {"hidden_units": 256, "hidden_layers": 2, "optimizer": "momentum",
+               "learning_rate": 0.01, "momentum": 0.9, "lr_schedule": "constant",
+               "weight_decay": 0.0}
+TRAIN = tf.estimator.ModeKeys.TRAIN
+
+
+def _memory_example(index):
+    from input_fns import cifar
+
+    image, label = cifar.synthetic_example(index)
+    return {"image": tf.image.per_image_standardization(image)}, label
+
+
+def memory_dataset(batch_size: int, training: bool = True) -> tf.data.Dataset:
+    """Standardized CIFAR-shaped examples held in memory: the same data for every case."""
+    ds = tf.data.Dataset.range(MEMORY_POOL).map(_memory_example).cache()
+    if training:
+        ds = ds.repeat()
+    return ds.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
+
+
+def _prepare_memory(params):
+    return {"serving_features": {"image": [list(IMAGE_SHAPE), "float32"]},
+            "num_classes": NUM_CLASSES}
+
+
+@register_input("bench_memory", prepare=_prepare_memory, data_flags=())
+def memory_input(mode, params):
+    """In-memory standardized CIFAR-shaped examples (cached after the first pass)."""
+    return memory_dataset(int(params["batch_size"]), training=mode == TRAIN)
+
+
+@register_model("bench_mlp", hparams=MLP_HPARAMS, default_input="bench_memory",
+                run_defaults={"batch_size": 256, "train_steps": 2000})
+def mlp_model_fn(features, labels, mode, params):
+    """A small MLP on 32x32x3 images (the benchmark's overhead-bound model).
+
+    Keras layers, so that --mixed_precision bfloat16 applies to it.
+    """
+    layers = tf.keras.layers
+    images = features["image"] if isinstance(features, dict) else features
+    x = layers.Flatten()(tf.cast(images, tf.float32))
+    for i in range(int(params["hidden_layers"])):
+        x = layers.Dense(int(params["hidden_units"]), activation="relu", name=f"hidden{i + 1}")(x)
+    logits = layers.Dense(int(params.get("num_classes") or NUM_CLASSES), name="logits")(x)
+    return classification_spec(logits, labels, mode, params)
+
+
+def model_fn_for(model: str):
+    if model == "cifar":
+        from model_fns.resnet import cifar_model_fn
+
+        return cifar_model_fn
+    return mlp_model_fn
+
+
+def hparams_for(model: str):
+    if model == "cifar":
+        from estimator_dist.training.registry import MODELS
+
+        import model_fns.resnet  # noqa: F401 - registers cifar
+
+        return dict(MODELS.get("cifar").hparams)
+    return dict(MLP_HPARAMS)
+
+
+def onednn_enabled():
+    """Whether this TensorFlow runs oneDNN kernels (TF_ENABLE_ONEDNN_OPTS, CPU-dependent default)."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port  # pylint: disable=import-outside-toplevel
+
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return None
+
+
+class Gate:
+    """The case's side of the bench's pipes (bench_runner.Channel): commands in, reports out."""
+
+    def __init__(self, fds):
+        self._commands = os.fdopen(fds[0], "r", encoding="utf-8")
+        self._reports = fds[1]
+
+    def report(self, message):
+        os.write(self._reports, (json.dumps(message) + "\n").encode())
+
+    def command(self) -> str:
+        """The next command; "quit" also when the bench has gone (end of file)."""
+        return self._commands.readline().strip() or "quit"
+
+
+class Clock:
+    """Step ends on the monotonic clock the bench launched the process on; past the warm-up,
+    steps run only in the bursts the bench asks for.
+
+    After the warm-up the process reports "ready" and waits at the gate; "run K" lets
+    K steps through and reports their times: the K - 1 gaps between their ends (the
+    first step of a burst, which wakes an idle process up, is not measured) and the
+    process CPU time over the burst. "quit" leaves at once (`os._exit`): the final
+    checkpoint, evaluation and export are not what is measured.
+    """
+
+    def __init__(self, spec, gate: Gate):
+        self.spec = spec
+        self.gate = gate
+        self.count = 0
+        self.first_step_seconds = float("nan")
+        self.left = 0
+        self.ends = []
+        self.cpu_start = 0.0
+
+    def step_done(self):
+        now = time.monotonic()
+        self.count += 1
+        if self.count == 1:
+            self.first_step_seconds = now - self.spec["t0"]
+        if self.left:
+            self.ends.append(now)
+            self.left -= 1
+            if self.left:
+                return
+            self.gate.report(self.burst_report(time.process_time()))
+        elif self.count < self.spec["warmup"]:
+            return
+        else:
+            self.gate.report({"event": "ready", "first_step_seconds": self.first_step_seconds,
+                              "onednn": onednn_enabled(), "rss_mb": peak_rss_mb()})
+        self.wait()
+
+    def burst_report(self, cpu_end: float):
+        return {"event": "burst", "steps": len(self.ends),
+                "step_seconds": [b - a for a, b in zip(self.ends, self.ends[1:])],
+                "cpu_seconds": cpu_end - self.cpu_start, "rss_mb": peak_rss_mb()}
+
+    def wait(self):
+        command = self.gate.command()
+        if command.startswith("run "):
+            self.left = int(command.split()[1])
+            self.ends = []
+            self.cpu_start = time.process_time()
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class ClockHook(tf.compat.v1.train.SessionRunHook):
+    def __init__(self, clock: Clock):
+        self._clock = clock
+
+    def after_run(self, run_context, run_values):
+        self._clock.step_done()
+
+
+class ClockCallback(tf.keras.callbacks.Callback):
+    def __init__(self, clock: Clock):
+        super().__init__()
+        self._clock = clock
+        self._supports_tf_logs = True  # no per-batch conversion of the logs to numpy
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._clock.step_done()
+
+
+def run_project(spec, clock: Clock):
+    """`estimator-dist train ...` in this process, with the clock hook added to Estimator.train.
+
+    (train_and_evaluate trains through Estimator.train; so does a Horovod rank > 0.)
+    """
+    from estimator_dist.cli import main as cli
+
+    train = tf.estimator.Estimator.train
+
+    def timed(self, input_fn, hooks=None, **kwargs):
+        return train(self, input_fn, hooks=list(hooks or []) + [ClockHook(clock)], **kwargs)
+
+    tf.estimator.Estimator.train = timed
+    argv = ["train", "--model", spec["model"], "--input", spec["input"],
+            "--strategy", spec["strategy"], "--num_devices", str(spec["num_devices"]),
+            "--batch_size", str(spec["global_batch"]), "--train_steps", str(spec["train_steps"]),
+            "--model_dir", spec["model_dir"], "--export", "none", "--eval_steps", "1",
+            "--import", "estimator_dist.bench.cases"] + list(spec.get("extra_args", ()))
+    if spec.get("data_dir"):
+        argv += ["--data_dir", spec["data_dir"]]
+    return cli.main(argv)
+
+
+def plain_params(spec, replicas: int):
+    return {**hparams_for(spec["model"]), "batch_size": spec["global_batch"] // replicas,
+            "train_steps": spec["train_steps"], "num_classes": NUM_CLASSES}
+
+
+def run_plain(spec, clock: Clock):
+    """A hand-written Estimator: the same model_fn and input, no project code around them."""
+    n = spec["num_devices"]
+    if n > 1:
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+        session = tf.compat.v1.ConfigProto(device_count={"CPU": n}, allow_soft_placement=True)
+        config = tf.estimator.RunConfig(train_distribute=strategy, session_config=session)
+    else:
+        config = tf.estimator.RunConfig()
+    params = plain_params(spec, n)
+    estimator = tf.estimator.Estimator(model_fn_for(spec["model"]), model_dir=spec["model_dir"],
+                                       config=config, params=params)
+    estimator.train(lambda: memory_dataset(params["batch_size"]), max_steps=spec["train_steps"],
+                    hooks=[ClockHook(clock)])
+    return 0
+
+
+def keras_resnet(depth: int, weight_decay: float):
+    """ResNet v1 of model_fns/resnet.py in Keras layers: the same layers, shapes and init."""
+    from model_fns import resnet
+
+    layers = tf.keras.layers
+    n = resnet.blocks_per_stage(depth)
+    decay = tf.keras.regularizers.L2(weight_decay / 2) if weight_decay else None  # = decay x l2_loss
+
+    def conv(x, filters, size, strides):
+        return layers.Conv2D(filters, size, strides=strides, padding="same", use_bias=False,
+                             kernel_initializer=tf.keras.initializers.VarianceScaling(2.0),
+                             kernel_regularizer=decay)(x)
+
+    def bn(x):
+        return layers.BatchNormalization(momentum=resnet.BN_MOMENTUM,
+                                         epsilon=resnet.BN_EPSILON)(x)
+
+    inputs = tf.keras.Input(IMAGE_SHAPE, name="image")
+    x = layers.Lambda(tf.image.per_image_standardization)(inputs)
+    x = layers.ReLU()(bn(conv(x, resnet.STAGE_FILTERS[0], 3, 1)))
+    for stage, filters in enumerate(resnet.STAGE_FILTERS, start=1):
+        for block in range(1, n + 1):
+            strides = 2 if stage > 1 and block == 1 else 1
+            shortcut = x
+            if strides != 1 or x.shape[-1] != filters:
+                shortcut = bn(conv(x, filters, 1, strides))
+            y = layers.ReLU()(bn(conv(x, filters, 3, strides)))
+            y = bn(conv(y, filters, 3, 1))
+            x = layers.ReLU()(layers.Add()([y, shortcut]))
+    x = layers.GlobalAveragePooling2D()(x)
+    outputs = layers.Dense(NUM_CLASSES, kernel_regularizer=decay)(x)
+    return tf.keras.Model(inputs, outputs)
+
+
+def keras_mlp(hidden_units: int, hidden_layers: int):
+    layers = tf.keras.layers
+    inputs = tf.keras.Input(IMAGE_SHAPE, name="image")
+    x = layers.Flatten()(inputs)
+    for _ in range(hidden_layers):
+        x = layers.Dense(hidden_units, activation="relu")(x)
+    return tf.keras.Model(inputs, layers.Dense(NUM_CLASSES)(x))
+
+
+def keras_learning_rate(hparams, train_steps: int):
+    """The model_fn's schedule (train_op.learning_rate) as a Keras schedule."""
+    base = float(hparams["learning_rate"])
+    if hparams.get("lr_schedule") == "step":
+        bounds = [math.ceil(train_steps * 0.5), math.ceil(train_steps * 0.75)]
+        return tf.keras.optimizers.schedules.PiecewiseConstantDecay(
+            bounds, [base, base * 0.1, base * 0.01])
+    return base
+
+
+def run_keras(spec, clock: Clock):
+    """tf.keras Model.fit on the same architecture, data, batch, optimizer and strategy."""
+    n = spec["num_devices"]
+    if n > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+    else:
+        strategy = tf.distribute.get_strategy()
+    hparams = hparams_for(spec["model"])
+    with strategy.scope():
+        if spec["model"] == "cifar":
+            model = keras_resnet(hparams["depth"], hparams["weight_decay"])
+        else:
+            model = keras_mlp(hparams["hidden_units"], hparams["hidden_layers"])
+        optimizer = tf.keras.optimizers.SGD(keras_learning_rate(hparams, spec["train_steps"]),
+                                            momentum=hparams["momentum"])
+        model.compile(optimizer, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      jit_compile=False)
+    model.fit(memory_dataset(spec["global_batch"]), epochs=1, steps_per_epoch=spec["train_steps"],
+              callbacks=[ClockCallback(clock)], verbose=0)
+    return 0
+
+
+def runner_for(driver: str):
+    """The function that runs a driver's case (bench_comm's are imported only when run)."""
+    if driver in ("comm", "tcp"):
+        from estimator_dist.bench import comm as bench_comm
+
+        return run_project if driver == "comm" else bench_comm.run_ring
+    return {"project": run_project, "plain": run_plain, "keras": run_keras}[driver]
+
+
+def main(argv=None) -> int:
+    """Run the case whose JSON spec file is argv[0]."""
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0], encoding="utf-8") as f:
+        spec = json.load(f)
+    clock = Clock(spec, Gate(spec["control_fds"]))
+    code = runner_for(spec["driver"])(spec, clock)
+    print(f"bench case: training ended after {clock.count} steps, before the bench's quit",
+          file=sys.stderr)
+    return code or 1

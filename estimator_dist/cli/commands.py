@@ -1,0 +1,217 @@
+"""What each CLI subcommand does, given its parsed arguments."""
+import os
+import sys
+
+from estimator_dist.training import checkpoints
+from estimator_dist.training import config as config_lib
+from estimator_dist.serving import export as export_lib
+from estimator_dist import files
+from estimator_dist.guards import preemption
+from estimator_dist.training import run as runner
+from estimator_dist.guards import storage
+from estimator_dist.cli.main import TRAIN_FLAGS
+from estimator_dist.errors import UserError
+from estimator_dist.training.registry import INPUTS, MODELS
+
+
+def config_from_args(args) -> config_lib.Config:
+    """Config file + flags + --set, strictly, after registering built-ins and --import modules."""
+    runner.load_builtins()
+    file_data = config_lib.load_yaml(args.config) if args.config else {}
+    config_lib.check_top_level(file_data)
+    imports = tuple(file_data.get("imports") or ()) + tuple(args.imports)
+    runner.import_user_modules(imports)
+    model = args.model or file_data.get("model") or "digits"
+    entry = MODELS.get(model)
+    flags = {name: getattr(args, name) for name in TRAIN_FLAGS}
+    return config_lib.build_config(model, file_data, flags, entry.run_defaults, entry.hparams,
+                                   tuple(args.overrides), imports)
+
+
+def saved_config(model_dir: str, **flags):
+    """The config a run saved in model_dir, re-resolved for one CPU with `flags` applied."""
+    runner.load_builtins()
+    data = config_lib.load_saved(model_dir)
+    resolved = data.pop("resolved", {})
+    runner.import_user_modules(data.get("imports") or ())
+    entry = MODELS.get(data.get("model", ""))
+    # --summary_json is training's: its path need not be writable now.
+    data.get("train", {}).pop("summary_json", None)
+    flags = {"strategy": "none", "num_devices": 1, "model_dir": model_dir, **flags}
+    config = config_lib.build_config(data["model"], data, flags, {}, entry.hparams, (),
+                                     tuple(data.get("imports") or ()))
+    return config_lib.without_ignored(config), resolved
+
+
+def train(args):
+    # Until the run's guard takes over (and after it), SIGTERM exits 143 at once with one
+    # line, in every role: it was a raw -15, or ignored while peers were connecting.
+    with preemption.exit_on_sigterm(preemption.outside_the_run):
+        config = config_from_args(args)
+        checkpoints.check_same_model(runner.default_model_dir(config), config.model)
+        runner.train(config)
+
+
+def evaluate(args):
+    config, _ = saved_config(args.model_dir, eval_steps=args.eval_steps)
+    metrics = runner.evaluate(config, args.checkpoint)
+    print("  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in sorted(metrics.items())))
+
+
+def export(args):
+    config, resolved = saved_config(args.model_dir)
+    if "input_meta" not in resolved:
+        raise UserError(f"{args.model_dir}/{config_lib.CONFIG_FILE} has no resolved input "
+                        f"metadata; retrain with this version")
+    base = args.export_dir or os.path.join(args.model_dir, export_lib.EXPORT_SUBDIR, "manual")
+    print(runner.export(config, resolved["input_meta"], base, args.checkpoint))
+
+
+def predict(args):
+    from estimator_dist.serving import predict as predict_lib
+
+    if args.output:
+        predict_lib.check_output_path(args.output, args.input_path)
+
+    frame = predict_lib.predict_file(args.saved_model, args.input_path, args.batch_size,
+                                     args.id_column or "")
+    if args.output:
+        files.write_file(args.output, lambda tmp: frame.to_csv(tmp, index=False))
+        print(f"wrote {len(frame)} predictions to {args.output}")
+    else:
+        frame.to_csv(sys.stdout, index=False)
+
+
+def list_registered(args):
+    runner.load_builtins()
+    runner.import_user_modules(args.imports)
+    print("models:")
+    for name in MODELS.names():
+        entry = MODELS.get(name)
+        hparams = ", ".join(f"{k}={v}" for k, v in entry.hparams.items())
+        print(f"  {name:<12} (input {entry.default_input}) {entry.doc}")
+        print(f"  {'':<12} hparams: {hparams}")
+    print("inputs:")
+    for name in INPUTS.names():
+        print(f"  {name:<12} {INPUTS.get(name).doc}")
+
+
+def checked_train_args(args, default_strategy=None) -> list:
+    """The pass-through train flags, with --strategy made explicit (default_strategy, else
+    the cluster's), validated before any launch."""
+    from estimator_dist.launch import supervisor as launcher
+    from estimator_dist.cli.main import build_parser
+
+    train_args = launcher.train_args_for(args.command, getattr(args, "launcher", None),
+                                         args.train_args)
+    strategy = default_strategy or launcher.cluster_strategy(None, args.ps)
+    if not any(a == "--strategy" or a.startswith("--strategy=") for a in train_args):
+        train_args += ["--strategy", strategy]
+    parser = build_parser()
+    train_ns, unknown = parser.parse_known_args(["train"] + train_args)  # bad values: exit 2
+    if unknown:
+        pass_through_parser(parser, args.command).unrecognized(unknown)  # exit 2
+    config = config_from_args(train_ns)
+    if args.command == "cluster":  # a TFJob's model_dir is on its pods' storage
+        checkpoints.check_same_model(runner.default_model_dir(config), config.model)
+    launcher.check_shape(args.workers, args.ps, config.distribute.strategy)
+    check_evaluations(config, args.evaluator)
+    runner.check_cluster_run(config, args.workers, local=args.command == "cluster")
+    return train_args, config
+
+
+def pass_through_parser(parser, command: str):
+    """A parser that knows `command`'s own flags and the train flags it passes on, so that an
+    unknown one gets the closest of both ("did you mean --model for --modle?")."""
+    from estimator_dist.cli.main import Parser, subcommand
+
+    return Parser(prog=f"{parser.prog} {command}", add_help=False, conflict_handler="resolve",
+                  parents=[subcommand(parser, "train"), subcommand(parser, command)])
+
+
+def check_evaluations(config, evaluator: bool):
+    """In a TF_CONFIG cluster only the evaluator task evaluates while training runs: without
+    one, --early_stop and --export best would have no evaluations to go on."""
+    if evaluator or config.distribute.strategy == "horovod":
+        return
+    t = config.train
+    needs = f"--early_stop {t.early_stop}" if t.early_stop else \
+        "--export best" if t.export == "best" else None
+    if needs:
+        raise UserError(f"{needs}: in a cluster only the evaluator task evaluates during "
+                        f"training, and there is none; add --evaluator")
+
+
+def cluster(args):
+    from estimator_dist.launch import supervisor as launcher
+
+    train_args, _ = checked_train_args(args)
+    return launcher.launch(train_args, args.workers, args.ps, args.evaluator, args.max_restarts,
+                           args.startup_timeout, evaluator_gpus=args.evaluator_gpus)
+
+
+def tfjob(args):
+    from estimator_dist.launch import tfjob as tfjob_lib
+
+    if args.output:
+        files.check_output_file("--output", args.output, "tfjob.yaml")
+    # A bad --pvc was reported as the --model_dir that is not on it.
+    tfjob_lib.check_job_flags(args.name, args.image, args.namespace, args.pvc, args.mount_path)
+    # A pod computes on the GPUs it asks for: said to its train command, so the batch split
+    # is checked here with the replicas the pods will have.
+    args.train_args = tfjob_lib.with_num_devices(args.train_args, args.gpus)
+    train_args, config = checked_train_args(
+        args, tfjob_lib.default_strategy(args.workers, args.ps, args.evaluator))
+    replicas = sum(tfjob_lib.replica_counts(args.workers, args.ps, args.evaluator).values())
+    tfjob_lib.check_shared_model_dir(config.train.model_dir, args.pvc, args.mount_path, replicas)
+    tfjob_lib.check_gpus(args.gpus, args.evaluator_gpus, config.distribute.num_devices)
+    job = tfjob_lib.manifest(args.name, args.image, train_args, args.workers, args.ps,
+                             args.evaluator, args.namespace, args.pvc, args.mount_path,
+                             args.gpus, args.evaluator_gpus)
+    text = tfjob_lib.to_yaml(job)
+    if args.output:
+        files.write_text(args.output, text)
+        print(f"wrote TFJob '{args.name}' to {args.output}")
+    else:
+        sys.stdout.write(text)
+
+
+def report(args):
+    from estimator_dist.serving import report as report_lib
+
+    csv_path, png_path, text = report_lib.write(args.model_dir, args.output_dir)
+    print(text)
+    print(f"wrote {csv_path} and {png_path}")
+
+
+def bench(args):
+    from estimator_dist.bench import main as bench_lib
+
+    return bench_lib.run(bench_lib.options_from_args(args))
+
+
+COMMANDS = {"bench": bench, "report": report, "train": train, "evaluate": evaluate, "export": export, "predict": predict,
+            "list": list_registered, "cluster": cluster, "tfjob": tfjob}
+
+
+# Commands whose --import is imported here, before they run: evaluate and export also
+# import what the model_dir's config.yaml names; predict and report may need custom ops.
+IMPORT_FIRST = ("evaluate", "export", "predict", "report")
+
+
+# Commands that write files and have no SIGTERM handling of their own (train has its
+# guards; cluster and bench stop their processes): SIGTERM raises Preempted in the main
+# thread, so the removal of a half-written export or output file runs instead of a
+# sudden death that leaves it behind.
+STOPPED_BY_SIGTERM = ("evaluate", "export", "predict", "report", "tfjob")
+
+
+def run(name: str, args):
+    storage.forbid_world_writable()
+    if name in IMPORT_FIRST:
+        runner.import_user_modules(getattr(args, "imports", ()))
+    if name not in STOPPED_BY_SIGTERM:
+        return COMMANDS[name](args)
+    with preemption.stop_on_sigterm(lambda: preemption.command_stopped(name)):
+        return COMMANDS[name](args)

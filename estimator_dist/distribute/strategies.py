@@ -1,0 +1,239 @@
+"""Strategy factory: a name -> the tf.distribute strategy Estimator runs under.
+
+`none` and `tower` return no strategy: `none` is a plain single-device Estimator
+(or, with ps tasks in TF_CONFIG, classic asynchronous between-graph training),
+`tower` replicates the model_fn itself (see towers.py). The cluster strategies
+read TF_CONFIG (checked first by cluster.py). `horovod` has no strategy object
+either: each process is one rank, and the model_fn's optimizer averages the
+gradients over the ranks (horovod.py, horovod_train.py).
+"""
+import difflib
+from typing import Callable, Dict, Optional, Tuple
+
+import tensorflow as tf
+
+from tensorflow.python.distribute import collective_all_reduce_strategy
+from tensorflow.python.eager import context
+
+from estimator_dist.distribute.devices import Devices
+from estimator_dist.errors import UserError
+
+
+def _none(devices: Devices):
+    return None
+
+
+def _one_device(devices: Devices):
+    return tf.distribute.OneDeviceStrategy(devices.names[0])
+
+
+def _mirrored(devices: Devices):
+    return tf.distribute.MirroredStrategy(devices=list(devices.names))
+
+
+def _tower(devices: Devices):
+    # No tf.distribute strategy: towers.py replicates the model_fn itself, and the
+    # session config declares the devices.
+    return None
+
+
+def _multi_worker_mirrored(devices: Devices):
+    """Estimator's graph session connects the workers, releasing the GIL as it waits, where
+    SIGTERM is handled (guards.py). Left to itself, the strategy also starts TensorFlow's
+    coordination service and a health-check barrier, and both wait for every peer inside
+    TensorFlow's C++ holding the GIL (no Python thread runs), the service with a SIGTERM
+    handler of its own that only sets a flag: a worker still connecting ignored SIGTERM
+    until SIGKILL (35-60 s, measured). Estimator needs neither: both are left out."""
+    context.context().configure_coordination_service(service_type="")  # "": none
+    extended = collective_all_reduce_strategy.CollectiveAllReduceExtended
+    saved = extended._enable_check_health  # pylint: disable=protected-access
+    extended._enable_check_health = False  # pylint: disable=protected-access
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=communication(devices))
+    finally:
+        extended._enable_check_health = saved  # pylint: disable=protected-access
+    strategy.extended._enable_check_health = False  # Estimator configures it again later
+    return strategy
+
+
+def communication(devices: Devices) -> tf.distribute.experimental.CommunicationOptions:
+    """NCCL between GPUs; left at AUTO, TF 2.15's collectives under Estimator use the ring
+    over gRPC (through host memory) for GPU tensors too."""
+    implementation = (tf.distribute.experimental.CommunicationImplementation.NCCL
+                      if devices.kind == "GPU" else
+                      tf.distribute.experimental.CommunicationImplementation.AUTO)
+    return tf.distribute.experimental.CommunicationOptions(implementation=implementation)
+
+
+def _parameter_server(devices: Devices):
+    # The v2 ParameterServerStrategy is rejected by Estimator's RunConfig.
+    return tf.compat.v1.distribute.experimental.ParameterServerStrategy()
+
+
+def _horovod(devices: Devices):
+    # One process per rank; hvd.DistributedOptimizer (through minimize) all-reduces.
+    return None
+
+
+def _central_storage(devices: Devices):
+    return tf.distribute.experimental.CentralStorageStrategy(
+        compute_devices=list(devices.names), parameter_device=parameter_device(devices))
+
+
+def parameter_device(devices: Devices) -> str:
+    """central_storage's variables: on the one GPU when there is one (on the CPU they crossed
+    PCIe twice a step for nothing), else on the CPU between the devices."""
+    return devices.names[0] if devices.kind == "GPU" and devices.count == 1 else "/cpu:0"
+
+
+_BUILDERS: Dict[str, Callable[[Devices], Optional[tf.distribute.Strategy]]] = {
+    "none": _none,
+    "one_device": _one_device,
+    "mirrored": _mirrored,
+    "central_storage": _central_storage,
+    "tower": _tower,
+    "multi_worker_mirrored": _multi_worker_mirrored,
+    "parameter_server": _parameter_server,
+    "horovod": _horovod,
+}
+
+# Strategies that run one device however many are asked for.
+SINGLE_DEVICE = ("none", "one_device")
+# Strategies that span processes; they need TF_CONFIG.
+CLUSTER = ("multi_worker_mirrored", "parameter_server")
+# Strategies under which Estimator calls the model_fn once per device, all in one graph
+# (tower calls it per device itself, towers.py).
+IN_GRAPH_REPLICAS = ("mirrored", "central_storage", "multi_worker_mirrored", "parameter_server")
+# Strategies whose gradients cross devices or the network in an all-reduce that
+# --gradient_compression can make 16-bit (Horovod: float16 only).
+COMPRESSIBLE = {"mirrored": ("fp16", "bf16"), "multi_worker_mirrored": ("fp16", "bf16"),
+                "horovod": ("fp16",)}
+# Strategies --accumulate_steps K > 1 works with (central_storage's variables
+# cannot hold the per-replica accumulators).
+ACCUMULATE = ("none", "one_device", "mirrored", "tower")
+
+
+# Where a model_fn's own tf.compat.v1.train.SyncReplicasOptimizer can run: between-graph
+# replication, one graph per process (ps tasks in TF_CONFIG, or one local process). The
+# tf.distribute strategies fail inside its apply_gradients; tower, accumulation and Horovod
+# apply the gradients themselves (sync_replicas.py).
+SYNC_REPLICAS = ("none",)
+
+
+def sync_replicas_refused_by(name: str, accumulate_steps: int = 1) -> Optional[str]:
+    """The setting under which SyncReplicasOptimizer cannot run ('--strategy mirrored'), or
+    None where it can."""
+    if name not in SYNC_REPLICAS:
+        return f"--strategy {name}"
+    if accumulate_steps > 1:
+        return f"--accumulate_steps {accumulate_steps}"
+    return None
+
+
+def names():
+    return sorted(_BUILDERS)
+
+
+def check_name(name: str):
+    if name not in _BUILDERS:
+        close = difflib.get_close_matches(name, names(), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise UserError(f"--strategy {name}: unknown; choose one of {', '.join(names())}{hint}")
+
+
+def runs_one_device(name: str) -> bool:
+    """`--num_devices 0` (auto) means one device, not every GPU."""
+    return name in SINGLE_DEVICE
+
+
+def gpus_to_claim(name: str, devices: Devices) -> Tuple[int, ...]:
+    """The GPUs this process keeps visible (claim_gpus): the ones it computes on. A cluster
+    strategy would otherwise use every visible GPU while the batch split counts
+    --num_devices (8 GPUs, --num_devices 2: a global batch 4x what was asked)."""
+    if devices.kind != "GPU" or name == "horovod":  # horovod pins its rank's GPU itself
+        return ()
+    return tuple(range(devices.count))
+
+
+def check_devices(name: str, devices: Devices):
+    if name in SINGLE_DEVICE and devices.count > 1:
+        raise UserError(f"--strategy {name} runs on one device, got --num_devices {devices.count}; "
+                        f"use --strategy mirrored for several")
+    if name in CLUSTER and devices.kind == "CPU" and devices.count > 1:
+        # MultiWorkerMirrored ignores logical CPUs (one replica on CPU:0, measured).
+        raise UserError(f"--strategy {name} runs one replica per CPU worker, got --num_devices "
+                        f"{devices.count}; add workers instead (--num_devices counts GPUs)")
+
+
+def check_accumulate(name: str, accumulate_steps: int):
+    if accumulate_steps > 1 and name not in ACCUMULATE:
+        raise UserError(f"--accumulate_steps {accumulate_steps} does not work with --strategy "
+                        f"{name}; use one of {', '.join(ACCUMULATE)}")
+
+
+def check_compression(name: str, setting: str, accumulate_steps: int):
+    """--gradient_compression only where an all-reduce carries the gradients."""
+    if setting == "none":
+        return
+    if name not in COMPRESSIBLE:
+        raise UserError(f"--gradient_compression {setting} means nothing with --strategy {name} "
+                        f"(no all-reduce of gradients); use it with "
+                        f"{', '.join(COMPRESSIBLE)}, or leave it out")
+    if setting not in COMPRESSIBLE[name]:
+        raise UserError(f"--gradient_compression {setting}: --strategy {name} compresses to "
+                        f"{' or '.join(COMPRESSIBLE[name])} only (Horovod's "
+                        f"hvd.Compression.fp16); use --gradient_compression fp16")
+    if accumulate_steps > 1:
+        raise UserError(f"--gradient_compression {setting} does not work with --accumulate_steps "
+                        f"{accumulate_steps} (the accumulated sums are all-reduced in float32); "
+                        f"drop one of them")
+
+
+def num_replicas(name: str, devices: Devices, workers: int = 1) -> int:
+    """Model replicas: tf.distribute replicas (over every worker), or the towers of `tower`."""
+    return (1 if name in SINGLE_DEVICE else devices.count) * workers
+
+
+def calls_model_fn_per_device(name: str, devices: Devices) -> bool:
+    """Whether Estimator builds several replicas' model_fn calls into one graph."""
+    return name in IN_GRAPH_REPLICAS and devices.count > 1
+
+
+def per_replica_batch(name: str, global_batch: int, devices: Devices, workers: int = 1) -> int:
+    """The batch each replica's input_fn must produce for a GLOBAL batch.
+
+    Under a tf.distribute strategy Estimator calls input_fn once per replica, so
+    global = per-replica x replicas, and it must divide evenly. Under `tower`
+    input_fn yields the whole global batch, which the towers split (any size).
+    In a cluster the replicas of every worker count.
+    """
+    if name == "tower":
+        return global_batch
+    replicas = num_replicas(name, devices, workers)
+    if global_batch % replicas:
+        raise UserError(
+            f"--batch_size {global_batch} is not divisible by the {replicas} replicas of "
+            f"--strategy {name}; use a multiple of {replicas} (e.g. "
+            f"{(global_batch // replicas + 1) * replicas})")
+    return global_batch // replicas
+
+
+def variable_device(name: str, setting: str, devices: Devices) -> Optional[str]:
+    """Where `tower` keeps its variables (`--variable_device cpu|device0`); None otherwise."""
+    if name != "tower":
+        return None
+    return "/cpu:0" if setting == "cpu" else devices.names[0]
+
+
+def make(name: str, devices: Devices):
+    """The strategy object for `name` over `devices` (None for none and tower)."""
+    check_name(name)
+    check_devices(name, devices)
+    if devices.kind == "CPU" and devices.count > 1:
+        # The eager context knows one CPU; Mirrored creates a token variable per
+        # device in it. After an in-process SavedModel export that creation fails
+        # unless soft placement is (re)asserted; Estimator's graphs still get N CPUs
+        # from the session config.
+        tf.config.set_soft_device_placement(True)
+    return _BUILDERS[name](devices)

@@ -1,0 +1,100 @@
+"""A lost multi_worker_mirrored peer: every worker exits retryable, so that the cluster restarts.
+
+Under multi_worker_mirrored every step all-reduces with every worker. Kubeflow's
+operator recreates a failed pod ALONE: the new worker cannot join the collective
+its old self left, and the others wait in it forever (a chief waited 150 s+ at its
+step, measured; `CommunicationOptions(timeout_seconds=15)` on the strategy did not
+end that wait under Estimator, one run measured). So:
+- a training step (session run) that has not returned after `limit` seconds
+  (StallHook: the longest of PEER_STALL_MIN_S, STALL_FACTOR times the longest step
+  after the first, twice the first, which includes the warm-up and the peers'
+  start; the first step itself: FIRST_STEP_LIMIT_S) exits EXIT_PEER_LOST at once with
+  one line; the time between steps (checkpoint saves) does not count;
+- a step that fails because a peer went away (a cancelled, unavailable, aborted or
+  timed-out collective: the recreated worker's first step) is that same exit.
+EXIT_PEER_LOST is >= 128: the operator (restartPolicy ExitCode) and `cluster` restart
+the task, and once every task has restarted they resume together from the last
+checkpoint.
+"""
+import threading
+import time
+
+import tensorflow as tf
+
+from estimator_dist.guards import preemption
+from estimator_dist.errors import EXIT_PEER_LOST, ReportedError, op_error_line
+
+PEER_STALL_MIN_S = 60.0
+# The first step waits for every peer to start (a pod may wait for its node or image).
+FIRST_STEP_LIMIT_S = 900.0
+STALL_FACTOR = 20
+# What a step ends with when a peer is gone or was replaced.
+PEER_ERRORS = (tf.errors.CancelledError, tf.errors.UnavailableError, tf.errors.AbortedError,
+               tf.errors.DeadlineExceededError)
+
+
+class PeerLost(ReportedError):
+    """A multi_worker_mirrored peer is gone: retryable."""
+
+    exit_code = EXIT_PEER_LOST
+
+
+def _resume(latest) -> str:
+    return (f"{preemption.where_to_resume(latest)}; exit code {EXIT_PEER_LOST} (retryable): "
+            f"rerun every task (the TFJob operator and 'cluster' restart it) to resume from it")
+
+
+def peer_failed(error: tf.errors.OpError, step, latest) -> PeerLost:
+    return PeerLost(f"training stopped at step {step}: a peer worker went away or was restarted "
+                    f"({op_error_line(error)}; {type(error).__name__}); {_resume(latest)}")
+
+
+def stalled(seconds: float, steps: int, latest) -> PeerLost:
+    return PeerLost(f"a training step has not returned for {seconds:.0f} s (after {steps} steps "
+                    f"of this run): a peer worker is gone (a worker restarted alone cannot rejoin "
+                    f"the others' all-reduce); {_resume(latest)}")
+
+
+class StallHook(tf.compat.v1.train.SessionRunHook):
+    """Exits EXIT_PEER_LOST when a step has not returned after `limit()` seconds."""
+
+    def __init__(self, model_dir: str, min_seconds: float = PEER_STALL_MIN_S, poll_s: float = 1.0):
+        self._model_dir = model_dir
+        self._min = min_seconds
+        self._poll = poll_s
+        self._started = None  # monotonic time the step in flight started, None between steps
+        self._first = None
+        self._longest = 0.0
+        self._steps = 0
+        self._done = threading.Event()
+        self._thread = None
+
+    def limit(self) -> float:
+        if self._first is None:  # the first step: peers may still be starting
+            return FIRST_STEP_LIMIT_S
+        return max(self._min, STALL_FACTOR * self._longest, 2 * self._first)
+
+    def before_run(self, run_context):
+        self._started = time.monotonic()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="peer-stall", daemon=True)
+            self._thread.start()
+
+    def after_run(self, run_context, run_values):
+        took = time.monotonic() - self._started
+        self._started = None
+        if self._first is None:
+            self._first = took
+        else:
+            self._longest = max(self._longest, took)
+        self._steps += 1
+
+    def end(self, session):
+        self._done.set()
+
+    def _watch(self):
+        while not self._done.wait(self._poll):
+            started = self._started
+            if started is not None and time.monotonic() - started > self.limit():
+                latest = tf.train.latest_checkpoint(self._model_dir)
+                preemption.exit_now(stalled(time.monotonic() - started, self._steps, latest))

@@ -1,0 +1,503 @@
+"""Run a TF_CONFIG cluster as local processes on 127.0.0.1, with a watchdog.
+
+Every task is `python -m estimator_dist train ...` with its own TF_CONFIG and a
+free loopback port. Output lines are prefixed with the task name. The run ends
+when the chief ends: the evaluator (if any) gets time to evaluate and export the
+final checkpoint, then every remaining task (ps tasks never exit by themselves)
+is stopped by PID, and the chief's exit code is returned.
+
+Signals: Ctrl-C (SIGINT) or SIGTERM to the launcher stops every task and exits 128 +
+the signal's number (130, 143), as every task does. The launcher's own output may be
+gone (`| tee log` killed by the same Ctrl-C): writing to it never stops the clean-up,
+and each task gets SIGTERM from the kernel if the launcher dies anyway (SIGKILL).
+
+Watchdog: a task that dies is restarted, at most --max_restarts times in all.
+Under parameter-server training a dead worker or evaluator is restarted alone
+(the others carry on); a dead ps loses the variables it holds, and under
+multi_worker_mirrored a dead peer hangs the others forever, so in those cases the
+whole cluster is stopped and started again, resuming from the last checkpoint.
+"""
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+from estimator_dist.launch import task_gpus
+from estimator_dist.errors import EXIT_NON_FINITE, EXIT_STORAGE, EXIT_USER, UserError
+
+LOOPBACK = "127.0.0.1"
+EXIT_CLUSTER_FAILED = 3
+# SIGTERM to SIGKILL when the launcher stops a task: longer than a task that handles
+# SIGTERM takes to save and exit by itself (preemption.PEER_DEADLINE_S, 20 s).
+STOP_GRACE_SECONDS = 25.0
+POLL_SECONDS = 0.2
+# A restart would only repeat these: a user error, a NaN/Inf step, a full disk.
+PERMANENT = (EXIT_USER, EXIT_NON_FINITE, EXIT_STORAGE)
+MAX_LOCAL_TASKS = 32  # processes of one local cluster (each holds a TensorFlow runtime)
+
+
+def free_ports(n: int) -> List[int]:
+    """n distinct free loopback ports (held open together so they differ, then released)."""
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((LOOPBACK, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((LOOPBACK, port)) == 0
+
+
+def task_names(workers: int, ps: int, evaluator: bool) -> List[str]:
+    """chief:0, worker:0..workers-2, ps:0..ps-1, evaluator:0 (workers counts the chief)."""
+    names = ["chief:0"] + [f"worker:{i}" for i in range(workers - 1)]
+    names += [f"ps:{i}" for i in range(ps)]
+    return names + (["evaluator:0"] if evaluator else [])
+
+
+def make_tf_configs(names: List[str], ports: List[int],
+                    only: Optional[str] = None) -> Dict[str, str]:
+    """TF_CONFIG per task (or of the task `only`), laid out as Kubeflow's operator does
+    (evaluator in the cluster)."""
+    cluster: Dict[str, List[str]] = {}
+    for name, port in zip(names, ports):
+        cluster.setdefault(name.split(":")[0], []).append(f"{LOOPBACK}:{port}")
+    configs = {}
+    for name in [only] if only else names:
+        task_type, index = name.split(":")
+        configs[name] = json.dumps({"cluster": cluster, "task": {"type": task_type, "index": int(index)},
+                                    "environment": "cloud"})
+    return configs
+
+
+@dataclass
+class Task:
+    """One process of the cluster.
+
+    A Horovod rank has no port of its own: `ready` says when it reached the
+    rendezvous, `kind` is its role (chief for rank 0, else worker) and `env`
+    holds its HOROVOD_* variables.
+    """
+
+    name: str
+    argv: List[str]
+    tf_config: str
+    port: Optional[int] = None
+    process: Optional[subprocess.Popen] = None
+    started_at: float = 0.0
+    up: bool = False
+    reader: Optional[threading.Thread] = field(default=None, repr=False)
+    env: Dict[str, str] = field(default_factory=dict)
+    ready: Optional[Callable[[], bool]] = field(default=None, repr=False)
+    kind: str = ""
+
+    @property
+    def role(self) -> str:
+        return self.kind or self.name.split(":")[0]
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Loaded here: between fork and exec the child only calls it.
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent(parent: int):
+    """preexec_fn: the kernel sends the task SIGTERM when the launcher dies (even by SIGKILL),
+    so no task outlives it (they stayed alive with PPID 1, hung). SIGTERM, not SIGKILL: a
+    task still saves its final checkpoint. If the launcher died before this ran, exit now."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(128 + signal.SIGTERM)  # noqa: SLF001 - in the forked child, before exec
+
+
+class Supervisor:
+    """Starts tasks, prefixes their output, restarts the dead, stops everything at the end."""
+
+    def __init__(self, tasks: List[Task], whole_restart: bool, max_restarts: int,
+                 startup_timeout: float, final_eval_timeout: float = 600.0,
+                 emit: Callable[[str], None] = print, relaunch: Optional[Callable] = None,
+                 workers_exit_timeout: float = 0.0):
+        self.tasks = tasks
+        self.whole_restart = whole_restart
+        self.max_restarts = max_restarts
+        self.startup_timeout = startup_timeout
+        self.final_eval_timeout = final_eval_timeout
+        self.emit = emit
+        self.relaunch = relaunch  # () -> new task list (fresh ports) for whole restarts
+        # Seconds the workers get to end by themselves once the chief is done (Horovod
+        # ranks stop on the same step as rank 0, then exit); 0: stop them at once.
+        self.workers_exit_timeout = workers_exit_timeout
+        self.restarts = 0
+        self._lock = threading.Lock()
+        self._output_gone = False
+
+    def _write(self, line: str):
+        """emit(line), unless the output is gone (a closed pipe: `| tee` stopped by the same
+        Ctrl-C): then the line is dropped, and nothing stops the clean-up or the draining of
+        the tasks' pipes (a task blocked writing to a full pipe never exits)."""
+        with self._lock:
+            if self._output_gone:
+                return
+            try:
+                self.emit(line)
+            except (BrokenPipeError, ValueError):  # ValueError: writing to a closed file
+                self._output_gone = True
+                _detach_stdout()
+
+    def say(self, text: str):
+        self._write(f"[launcher] {text}")
+
+    def _pump(self, task: Task, stream):
+        for raw in iter(stream.readline, b""):
+            self._write(f"[{task.name}] " + raw.decode("utf-8", "replace").rstrip("\n"))
+        stream.close()
+
+    def start(self, task: Task):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **task.env}
+        env.pop("TF_CONFIG", None)  # a Horovod rank must not see one (RunConfig would read it)
+        if task.tf_config:
+            env["TF_CONFIG"] = task.tf_config
+        parent = os.getpid()
+        task.process = subprocess.Popen(task.argv, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=lambda: die_with_parent(parent))
+        task.started_at = time.monotonic()
+        task.up = (task.port is None and task.ready is None) or task.role == "evaluator"
+        task.reader = threading.Thread(target=self._pump, args=(task, task.process.stdout), daemon=True)
+        task.reader.start()
+        self.say(f"started {task.name} pid {task.process.pid}"
+                 + (f" on {LOOPBACK}:{task.port}" if task.port and task.role != "evaluator" else ""))
+
+    def stop_tasks(self, tasks: List[Task]):
+        """SIGTERM to every task at once, SIGKILL to those alive STOP_GRACE_SECONDS later; by
+        PID, never by name. All at once: multi_worker_mirrored workers stop together (their
+        vote), and n tasks take one grace period, not n. A ps task only serves variables
+        (checkpoints are the chief's): it is killed once the others are gone, since the
+        chief's final save reads the variables it holds."""
+        alive = [t for t in tasks if t.process is not None and t.process.poll() is None]
+        servers = [t.process for t in alive if t.role == "ps"]
+        others = [t.process for t in alive if t.role != "ps"]
+        for proc in others:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for proc in others:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for proc in others + servers:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+    def stop_all(self):
+        # A second Ctrl-C or SIGTERM must not cut the clean-up short and orphan tasks.
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.stop_tasks(self.tasks)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        for task in self.tasks:
+            if task.reader:
+                task.reader.join(timeout=2)
+
+    def _check_startup(self, task: Task):
+        if task.up:
+            return
+        if task.ready() if task.ready else listening(task.port):
+            task.up = True
+        elif time.monotonic() - task.started_at > self.startup_timeout:
+            where = ("reach the Horovod rendezvous" if task.ready
+                     else f"start listening on {LOOPBACK}:{task.port}")
+            raise ClusterFailed(f"{task.name} did not {where} within {self.startup_timeout:.0f} s "
+                                f"(see its lines above); raise --startup_timeout if the machine "
+                                f"is slow")
+
+    def _restart(self, task: Task, code: int):
+        if self.restarts >= self.max_restarts:
+            raise ClusterFailed(f"{task.name} exited with code {code} and --max_restarts "
+                                f"{self.max_restarts} is used up")
+        self.restarts += 1
+        if self.whole_restart or task.role == "ps" or (task.role == "chief" and self.relaunch):
+            self.say(f"{task.name} exited with code {code}; restarting the whole cluster from the "
+                     f"last checkpoint (restart {self.restarts}/{self.max_restarts})")
+            self.stop_all()
+            self.tasks = self.relaunch() if self.relaunch else self.tasks
+            for t in self.tasks:
+                self.start(t)
+        else:
+            self.say(f"{task.name} exited with code {code}; restarting it "
+                     f"(restart {self.restarts}/{self.max_restarts})")
+            self.start(task)
+
+    def _workers_ended_cleanly(self) -> bool:
+        """Wait for the workers to exit by themselves; False if one failed or had to be stopped."""
+        deadline = time.monotonic() + self.workers_exit_timeout
+        workers = [t for t in self.tasks if t.role == "worker"]
+        while time.monotonic() < deadline and any(t.process.poll() is None for t in workers):
+            time.sleep(POLL_SECONDS)
+        clean = True
+        for task in workers:
+            code = task.process.poll()
+            if code is None:
+                self.say(f"{task.name} did not end within {self.workers_exit_timeout:.0f} s of "
+                         f"the chief; stopping it")
+            elif code != 0:
+                self.say(f"{task.name} exited with code {code} after the chief finished")
+            clean = clean and code == 0
+        return clean
+
+    def _finish(self, chief: Task) -> int:
+        if self.workers_exit_timeout and not self._workers_ended_cleanly():
+            self.stop_all()
+            return EXIT_CLUSTER_FAILED
+        evaluator = next((t for t in self.tasks if t.role == "evaluator"), None)
+        if evaluator and evaluator.process.poll() is None:
+            self.say("chief finished; waiting for the evaluator's final evaluation and export")
+            deadline = time.monotonic() + self.final_eval_timeout
+            while evaluator.process.poll() is None and time.monotonic() < deadline:
+                time.sleep(POLL_SECONDS)
+            if evaluator.process.poll() is None:
+                self.say(f"the evaluator did not finish within {self.final_eval_timeout:.0f} s; "
+                         f"stopping it")
+            elif evaluator.process.returncode != 0:
+                self.say(f"the evaluator exited with code {evaluator.process.returncode}")
+        self.stop_all()
+        return chief.process.returncode
+
+    def run(self) -> int:
+        """Run the cluster; whatever ends the run (a signal, a closed output, a bug), every
+        task is stopped before this returns."""
+        try:
+            return self._run()
+        finally:
+            self.stop_all()
+
+    def _run(self) -> int:
+        for task in self.tasks:
+            self.start(task)
+        try:
+            while True:
+                time.sleep(POLL_SECONDS)
+                for task in list(self.tasks):
+                    code = task.process.poll()
+                    if code is None:
+                        self._check_startup(task)
+                        continue
+                    if task.role == "chief":
+                        if code == 0:
+                            return self._finish(task)
+                        if code in PERMANENT:
+                            self.stop_all()
+                            return code
+                        self._restart(task, code)
+                        break
+                    if code == 0 and task.role in ("worker", "evaluator"):
+                        continue  # finished its part
+                    if code in PERMANENT:
+                        self.stop_all()
+                        return code
+                    if code != 0:
+                        self._restart(task, code)
+                        break
+        except ClusterFailed as e:
+            self.say(f"error: {e}")
+            self.stop_all()
+            return EXIT_CLUSTER_FAILED
+        except KeyboardInterrupt as e:
+            signum = getattr(e, "signum", signal.SIGINT)
+            self.say(f"{signal.Signals(signum).name}; stopping every task")
+            self.stop_all()
+            return 128 + signum
+
+
+class ClusterFailed(Exception):
+    """The cluster cannot finish: a task never came up, or restarts are used up."""
+
+
+def cluster_strategy(strategy: Optional[str], ps: int) -> str:
+    """The strategy the tasks run: given, or parameter_server with ps tasks, else MWMS."""
+    if strategy:
+        return strategy
+    return "parameter_server" if ps else "multi_worker_mirrored"
+
+
+def check_shape(workers: int, ps: int, strategy: str):
+    if workers < 1:
+        raise UserError(f"--workers {workers}: must be >= 1 (it counts the chief)")
+    if ps < 0:
+        raise UserError(f"--ps {ps}: must be >= 0")
+    if strategy == "horovod":
+        if ps:
+            raise UserError(f"--ps {ps}: Horovod has no parameter servers (every rank all-reduces "
+                            f"its gradients); drop --ps")
+        return
+    from estimator_dist.distribute import tf_config as cluster
+
+    names = task_names(workers, ps, False)
+    # The chief's TF_CONFIG only: every task's grows with the square of the task count
+    # (--workers 100000 ran for minutes here). Stand-in ports, valid whatever the count.
+    ports = [1 + i % 65535 for i in range(len(names))]
+    spec = cluster.parse(make_tf_configs(names, ports, only="chief:0")["chief:0"])
+    cluster.check_strategy(spec, strategy, flags=True)
+
+
+def build_tasks(train_args: List[str], workers: int, ps: int, evaluator: bool,
+                python: str = sys.executable, gpus: Optional[List[str]] = None,
+                evaluator_gpus: int = 0) -> List[Task]:
+    """The tasks, each with its TF_CONFIG, port and GPUs (task_gpus.py; `gpus`: the ids to
+    hand out, default the machine's)."""
+    names = task_names(workers, ps, evaluator)
+    shares = task_gpus.assign(names, task_gpus.visible_gpus() if gpus is None else gpus,
+                              _int_flag_in(train_args, "--num_devices"), evaluator_gpus)
+    ports = free_ports(len(names))
+    configs = make_tf_configs(names, ports)
+    argv = [python, "-m", "estimator_dist", "train"] + list(train_args)
+    return [Task(name, argv, configs[name], port,
+                 env={"CUDA_VISIBLE_DEVICES": shares[name]} if shares else {})
+            for name, port in zip(names, ports)]
+
+
+def _int_flag_in(train_args: List[str], flag: str) -> int:
+    """An integer train flag's value (the last given), 0 when absent or not a number (the
+    train command refuses that itself)."""
+    found = "0"
+    for i, arg in enumerate(train_args):
+        if arg == flag and i + 1 < len(train_args):
+            found = train_args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.split("=", 1)[1]
+    try:
+        return int(found)
+    except ValueError:
+        return 0
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM to the launcher: the run ends with 128 + signum."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def install_signal_handlers():
+    """SIGTERM behaves like Ctrl-C (the supervisor stops every task) but exits 143, as a
+    task does on SIGTERM (it exited 130)."""
+
+    def handler(signum, frame):
+        raise Interrupted(signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _detach_stdout():
+    """Point fds 1 and 2 at /dev/null once the output is gone, so that Python's flush at exit
+    does not fail (and print a BrokenPipeError) after the run ended cleanly."""
+    same = os.path.sameopenfile(1, 2) if _is_open(2) else False
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2) if same else (1,):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def launch(train_args: List[str], workers: int, ps: int, evaluator: bool, max_restarts: int,
+           startup_timeout: float, emit=print, evaluator_gpus: int = 0) -> int:
+    """Run the cluster to completion; returns the chief's exit code (or 3 / 130).
+
+    `--strategy horovod` in train_args runs Horovod ranks instead (horovod_launch.py).
+    """
+    strategy = _strategy_in(train_args)
+    check_shape(workers, ps, strategy)
+    if max_restarts < 0:
+        raise UserError(f"--max_restarts {max_restarts}: must be >= 0")
+    if not 0 < startup_timeout < float("inf"):  # NaN fails too
+        raise UserError(f"--startup_timeout {startup_timeout}: must be a number of seconds > 0")
+    tasks = workers + ps + int(evaluator)
+    if tasks > MAX_LOCAL_TASKS:
+        raise UserError(f"--workers {workers} --ps {ps}: {tasks} tasks, each a TensorFlow process "
+                        f"on this machine; at most {MAX_LOCAL_TASKS} (use a TFJob for more)")
+    if strategy == "horovod":
+        from estimator_dist.launch import horovod as horovod_launch
+
+        if evaluator_gpus:
+            raise UserError(f"--evaluator_gpus {evaluator_gpus}: Horovod has no evaluator task "
+                            f"(rank 0 evaluates on its own GPU); drop it")
+
+        return horovod_launch.launch(train_args, workers, evaluator, max_restarts,
+                                     startup_timeout, emit)
+
+    def fresh():
+        return build_tasks(train_args, workers, ps, evaluator, evaluator_gpus=evaluator_gpus)
+
+    fresh()  # refuses a GPU split that cannot work before any task starts
+
+    supervisor = Supervisor(fresh(), whole_restart=strategy == "multi_worker_mirrored",
+                            max_restarts=max_restarts, startup_timeout=startup_timeout,
+                            emit=emit, relaunch=fresh)
+    install_signal_handlers()
+    return supervisor.run()
+
+
+def train_args_for(command: str, launcher: Optional[str], train_args: List[str]) -> List[str]:
+    """The train flags of `cluster`/`tfjob`: --launcher horovod means --strategy horovod.
+
+    The launcher follows the strategy: `--strategy horovod` alone runs Horovod
+    ranks too; a launcher that contradicts the strategy is an error. A `--` before
+    them (`cluster --workers 2 -- --model digits`) only separates them.
+    """
+    train_args = list(train_args)
+    if "--" in train_args:
+        train_args.remove("--")
+    strategy = _strategy_in(train_args, required=False)
+    if command == "tfjob" and strategy == "horovod":
+        raise UserError("tfjob --strategy horovod: a TFJob runs TF_CONFIG tasks; run Horovod "
+                        "ranks with 'estimator-dist cluster --launcher horovod' (on Kubernetes, "
+                        "Kubeflow's MPIJob runs horovodrun)")
+    if launcher == "horovod" and strategy not in (None, "horovod"):
+        raise UserError(f"--launcher horovod runs --strategy horovod, got --strategy {strategy}; "
+                        f"drop --strategy or use --launcher tf_config")
+    if launcher == "tf_config" and strategy == "horovod":
+        raise UserError("--launcher tf_config --strategy horovod: Horovod ranks are started by "
+                        "--launcher horovod; drop --launcher tf_config")
+    if launcher == "horovod" and strategy is None:
+        return train_args + ["--strategy", "horovod"]
+    return train_args
+
+
+def _strategy_in(train_args: List[str], required: bool = True) -> Optional[str]:
+    """The train flags' --strategy; the last one given, as the train command reads it."""
+    found = None
+    for i, arg in enumerate(train_args):
+        if arg == "--strategy" and i + 1 < len(train_args):
+            found = train_args[i + 1]
+        elif arg.startswith("--strategy="):
+            found = arg.split("=", 1)[1]
+    if found is not None or not required:
+        return found
+    raise UserError("the cluster launcher needs --strategy in the train flags")

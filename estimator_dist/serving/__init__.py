@@ -1,0 +1,1 @@
+"""SavedModel export, prediction and the event-file report."""

@@ -1,0 +1,336 @@
+"""Run a SavedModel's serving_default signature on a CSV or .npy file; results as a DataFrame,
+one row per input row, in input order."""
+import os
+import re
+from typing import Dict
+
+import numpy as np
+import pandas as pd
+import tensorflow as tf
+
+from estimator_dist.serving import csv_rows
+from estimator_dist.serving import export as export_lib
+from estimator_dist import errors
+from estimator_dist import files
+from estimator_dist.errors import UserError
+
+SIGNATURE = "serving_default"
+
+
+def sanitize(name: str) -> str:
+    """Column header -> signature key form (what the built-in inputs export)."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", str(name).strip())
+
+
+def find_saved_model(path: str) -> str:
+    """A SavedModel dir as given, or the newest export under a model_dir."""
+    if os.path.isfile(os.path.join(path, "saved_model.pb")):
+        return path
+    exports = export_lib.export_paths(path) if os.path.isdir(path) else []
+    if not exports:
+        raise UserError(f"--saved_model {path}: no saved_model.pb there or under {path}/export; "
+                        f"export one first (estimator-dist export --model_dir DIR)")
+    return max(exports, key=os.path.basename)
+
+
+def load_signature(path: str):
+    loaded = tf.saved_model.load(path)
+    if SIGNATURE not in loaded.signatures:
+        raise UserError(f"SavedModel {path} has no '{SIGNATURE}' signature; it has "
+                        f"{', '.join(loaded.signatures) or 'none'}")
+    return loaded, loaded.signatures[SIGNATURE]
+
+
+def input_specs(signature) -> Dict[str, tf.TensorSpec]:
+    return dict(signature.structured_input_signature[1])
+
+
+def _feature_shape(spec):
+    """The shape of one example; a dimension the signature leaves open is None."""
+    return [None if d is None else int(d) for d in spec.shape[1:]]
+
+
+def _size(shape) -> int:
+    """Values per example; -1 when a dimension is open (the count is not fixed)."""
+    return -1 if None in shape else int(np.prod(shape, dtype=np.int64))
+
+
+def _fits(shape, expected) -> bool:
+    return len(shape) == len(expected) and all(e is None or s == e
+                                               for s, e in zip(shape, expected))
+
+
+def _shape_text(shape) -> str:
+    return ", ".join("?" if d is None else str(d) for d in shape)
+
+
+def read_npy(path: str, specs) -> Dict[str, np.ndarray]:
+    if len(specs) != 1:
+        raise UserError(f"--input {path}: a .npy file feeds one feature, but the model takes "
+                        f"{len(specs)} ({', '.join(specs)}); use a CSV with those columns")
+    (name, spec), = specs.items()
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise UserError(f"--input {path}: not a readable .npy array ({e})") from None
+    shape = _feature_shape(spec)
+    size = _size(shape)
+    flat = array.ndim == 2 and size >= 0 and array.shape[1] == size  # one example per row
+    if not _fits(list(array.shape[1:]), shape) and not flat:
+        raise UserError(f"--input {path}: array of shape {list(array.shape)} does not fit feature "
+                        f"'{name}' of shape [N, {_shape_text(shape)}]"
+                        + (f" (or [N, {size}], one flattened example per row)" if size >= 0 else ""))
+    if array.dtype.kind not in "biuf":
+        raise UserError(f"--input {path}: array of dtype {array.dtype}; feature '{name}' takes "
+                        f"{spec.dtype.name} numbers (save a real-valued array)")
+    if array.shape[0] == 0:
+        raise UserError(f"--input {path}: array of shape {list(array.shape)} holds no examples; "
+                        f"give at least one")
+    values = _cast(array, spec.dtype.as_numpy_dtype,
+                   lambda index, value: f"--input {path}: feature '{name}': value {value} at "
+                                        f"index {index}")
+    if not _fits(list(values.shape[1:]), shape):  # [N, prod(shape)]: the shape is all known
+        values = values.reshape([len(values)] + shape)
+    return {name: values}
+
+
+def _cast(array, dtype, where) -> np.ndarray:
+    """`array` as `dtype`; a NaN/Inf, a number beyond that dtype's range, or a fraction for an
+    integer feature is refused (a cast would change it silently). where(index, value): how the
+    message names the bad value (an index of a .npy, a line and column of a CSV)."""
+    dtype = np.dtype(dtype)
+    if array.dtype.kind == "f":
+        bad = ~np.isfinite(array)
+        if bad.any():
+            index = _index(bad)
+            raise UserError(f"{where(index, array[index])} is not a finite number; fix or drop "
+                            f"that example (values are not imputed)")
+    if dtype.kind == "f":
+        with np.errstate(over="ignore"):
+            cast = array.astype(dtype)
+        bad = ~np.isfinite(cast)
+        if bad.any():
+            index = _index(bad)
+            raise UserError(f"{where(index, array[index])} is beyond the range of {dtype.name}, "
+                            f"the model's feature type; fix the value")
+        return cast
+    if dtype.kind in "iu" and array.dtype.kind in "fiu":
+        info = np.iinfo(dtype)
+        bad = (array < info.min) | (array > info.max)
+        if array.dtype.kind == "f":
+            bad |= array != np.floor(array)
+        if bad.any():
+            index = _index(bad)
+            raise UserError(f"{where(index, array[index])} is not a {dtype.name} (the model's "
+                            f"feature type: whole numbers {info.min}..{info.max}); fix the value")
+    return array.astype(dtype)
+
+
+def _index(mask: np.ndarray):
+    """The first True position of `mask`, as a tuple of ints."""
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def _numeric(cells, column, lines, path, dtype):
+    """One column's cells as `dtype`; a missing, non-numeric or infinite cell is refused, and
+    so is a number beyond a float dtype's range (1e300 would reach a float32 model as inf)."""
+    text = pd.Series(cells, dtype=object).str.strip()
+    missing = csv_rows.missing(cells)
+    values = pd.to_numeric(text.where(~missing), errors="coerce").to_numpy(np.float64)
+    bad = missing | ~np.isfinite(values)
+    if bad.any():
+        row = int(np.argmax(bad))
+        where = f"--input {path} line {lines[row]} column '{column}'"
+        if missing[row]:
+            raise UserError(f"{where}: missing value {cells[row]!r} (every numeric feature needs a "
+                            f"number; missing values are not imputed)")
+        if np.isnan(values[row]) and not _overflows(text.iloc[row]):
+            raise UserError(f"{where}: {cells[row]!r} is not a number")
+        raise UserError(f"{where}: {cells[row]!r} is not a finite number; fix the value")
+    return _cast(values, dtype, lambda index, value: f"--input {path} line {lines[index[0]]} "
+                                                     f"column '{column}': {cells[index[0]]!r}")
+
+
+def _overflows(text: str) -> bool:
+    """True for a number too large for float64 ('1e400'), which pandas reads as not a number."""
+    try:
+        return np.isinf(float(text))
+    except ValueError:
+        return False
+
+
+def read_csv(path: str, specs, id_column: str = "") -> Dict[str, np.ndarray]:
+    """The features of a CSV read as training reads one (csv_rows.py): string features keep
+    their raw cells ("" included), numeric ones refuse missing, non-numeric, infinite cells.
+    id_column: a column that is no feature (read_ids passes it through)."""
+    header, cells, lines = _csv_cells(path)
+    if id_column:
+        keep = [j for j, column in enumerate(header) if j != _id_index(header, id_column, path)]
+        header, cells = [header[j] for j in keep], cells[:, keep]
+    return _features(path, header, cells, lines, specs)
+
+
+def read_ids(path: str, id_column: str) -> np.ndarray:
+    """--id_column's cells, in row order, as written."""
+    header, cells, _ = _csv_cells(path)
+    return cells[:, _id_index(header, id_column, path)]
+
+
+def _csv_cells(path: str):
+    header, rows, lines = csv_rows.read_rows(path, f"--input {path}")
+    return header, np.array(rows, dtype=object).reshape(len(rows), len(header)), lines
+
+
+def _id_index(header, id_column: str, path: str) -> int:
+    if id_column not in header:
+        raise UserError(f"--id_column {id_column}: no such column in --input {path}; it has "
+                        f"{', '.join(header)}")
+    return header.index(id_column)
+
+
+def _features(path, header, cells, lines, specs) -> Dict[str, np.ndarray]:
+    by_key: Dict[str, list] = {}
+    for j, column in enumerate(header):
+        by_key.setdefault(sanitize(column), []).append(j)
+    if len(specs) == 1:
+        (name, spec), = specs.items()
+        shape = _feature_shape(spec)
+        if shape and name not in by_key:  # a wide CSV: every column is one value of the feature
+            dtype = spec.dtype.as_numpy_dtype
+            values = np.stack([_numeric(cells[:, j], c, lines, path, dtype)
+                               for j, c in enumerate(header)], axis=1)
+            return read_npy_like(values, name, spec, path)
+    features = {}
+    for name, spec in specs.items():
+        matches = by_key.get(sanitize(name), [])
+        if not matches:
+            raise UserError(f"--input {path}: no column for feature '{name}'; the model takes "
+                            f"{', '.join(specs)}; the file has {', '.join(header)}")
+        if len(matches) > 1:
+            raise UserError(f"--input {path}: columns {', '.join(repr(header[j]) for j in matches)} "
+                            f"all match feature '{name}'; rename or remove all but one")
+        column, shape = cells[:, matches[0]], _feature_shape(spec)
+        if _size(shape) != 1:  # a cell holds one value; TensorFlow aborted on [N] for [N, 8, 8, 1]
+            raise UserError(_one_column_error(path, header[matches[0]], name, shape, len(specs)))
+        if spec.dtype == tf.string:
+            values = column.astype(object)
+        else:
+            values = _numeric(column, header[matches[0]], lines, path, spec.dtype.as_numpy_dtype)
+        features[name] = values.reshape([len(values)] + shape)
+    return features
+
+
+def _one_column_error(path, column, name, shape, n_features) -> str:
+    size = _size(shape)
+    needs = f"{size} values" if size >= 0 else "a varying number of values"
+    fix = (f"give a wide CSV with one column per value ({size} columns, none named '{name}') or "
+           f"a .npy array of shape [N, {_shape_text(shape)}]" if n_features == 1 and size > 0
+           else "predict reads such a feature only from a wide CSV or a .npy, and those feed a "
+                "model with a single feature")
+    return (f"--input {path}: column '{column}' gives one value per row, but feature '{name}' "
+            f"has shape [{_shape_text(shape)}] ({needs} per example); {fix}")
+
+
+def read_npy_like(values, name, spec, path):
+    shape = _feature_shape(spec)
+    if values.shape[1] != _size(shape):
+        raise UserError(f"--input {path}: {values.shape[1]} columns, but feature '{name}' needs "
+                        f"{_size(shape)} values per row (shape {shape})")
+    return {name: values.reshape([-1] + shape).astype(spec.dtype.as_numpy_dtype)}
+
+
+def read_inputs(path: str, specs, id_column: str = "") -> Dict[str, np.ndarray]:
+    if os.path.isdir(path):
+        raise UserError(f"--input {path}: is a directory; give the .csv or .npy file itself")
+    if not os.path.isfile(path):
+        raise UserError(f"--input {path}: no such file")
+    if path.endswith(".npy"):
+        if id_column:
+            raise UserError(f"--id_column {id_column}: a .npy --input has no columns; give a "
+                            f".csv, or leave --id_column out (rows stay in input order)")
+        features = read_npy(path, specs)
+    elif path.endswith(".csv"):
+        features = read_csv(path, specs, id_column)
+    else:
+        raise UserError(f"--input {path}: unsupported file type; give a .csv or .npy file")
+    check_features(features, specs, path)
+    return features
+
+
+def check_features(features: Dict[str, np.ndarray], specs, path: str):
+    """Every feature [N] + its shape, the same N > 0 for all: TensorFlow may abort the process
+    (a failed Check, not an exception) on a tensor of another rank."""
+    counts = {len(v) for v in features.values()}
+    for name, spec in specs.items():
+        shape = list(features[name].shape)
+        if not _fits(shape[1:], _feature_shape(spec)):
+            raise UserError(f"--input {path}: feature '{name}' was read as shape {shape}, but the "
+                            f"model takes [N, {_shape_text(_feature_shape(spec))}]")
+    if counts == {0}:
+        raise UserError(f"--input {path}: holds no examples; give at least one")
+    if len(counts) > 1:
+        raise UserError(f"--input {path}: the features have different example counts "
+                        f"({', '.join(f'{k}: {len(v)}' for k, v in features.items())})")
+
+
+def run(signature, features: Dict[str, np.ndarray], batch_size: int) -> Dict[str, np.ndarray]:
+    n = len(next(iter(features.values())))
+    chunks = []
+    for start in range(0, n, batch_size):
+        batch = {k: tf.constant(v[start:start + batch_size]) for k, v in features.items()}
+        chunks.append({k: t.numpy() for k, t in signature(**batch).items()})
+    return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]} if chunks else {}
+
+
+def model_dir_of(saved_model: str) -> str:
+    """The model_dir a SavedModel was exported into (MODEL_DIR/export/...), else 'MODEL_DIR'."""
+    parts = os.path.abspath(saved_model).split(os.sep)
+    if export_lib.EXPORT_SUBDIR in parts[1:]:
+        index = len(parts) - 1 - parts[::-1].index(export_lib.EXPORT_SUBDIR)
+        return os.sep.join(parts[:index]) or os.sep
+    return "MODEL_DIR"
+
+
+def check_output_path(path: str, input_path: str = ""):
+    """Refuse a --output that cannot be written, or that is the --input file (the input was
+    replaced by its predictions), before the model runs."""
+    files.check_output_file("--output", path, "predictions.csv")
+    if input_path and os.path.exists(path) and os.path.exists(input_path) and \
+            os.path.samefile(path, input_path):
+        raise UserError(f"--output {path}: is the --input file, which it would replace; give "
+                        f"another path")
+
+
+def to_frame(outputs: Dict[str, np.ndarray]) -> pd.DataFrame:
+    columns = {}
+    for name in sorted(outputs):
+        values = outputs[name]
+        if values.ndim == 1:
+            columns[name] = [v.decode() if isinstance(v, bytes) else v for v in values]
+        else:
+            flat = values.reshape(len(values), -1)
+            for i in range(flat.shape[1]):
+                columns[f"{name}_{i}"] = flat[:, i]
+    return pd.DataFrame(columns)
+
+
+def predict_file(saved_model: str, input_path: str, batch_size: int = 256,
+                 id_column: str = "") -> pd.DataFrame:
+    """Predictions for every row of input_path, in input order; id_column (a CSV column that
+    is no feature) passed through as the first column. A classifier exported with label
+    strings gives them as `classes`."""
+    if batch_size <= 0:
+        raise UserError(f"--batch_size {batch_size}: must be > 0")
+    path = find_saved_model(saved_model)
+    _, signature = load_signature(path)
+    features = read_inputs(input_path, input_specs(signature), id_column)
+    try:
+        outputs = run(signature, features, batch_size)
+    except tf.errors.OpError as e:
+        raise UserError(f"SavedModel {path} failed on --input {input_path}: {errors.op_error_line(e)}; if its "
+                        f"graph does not match its variables, re-export it with estimator-dist "
+                        f"export --model_dir {model_dir_of(path)}") from None
+    frame = to_frame(outputs)
+    if id_column:
+        frame.insert(0, id_column, read_ids(input_path, id_column))
+    return frame

@@ -847,8 +847,10 @@ def reports_summary(p: Plan) -> bool:
     return p.role == "chief" and (p.cluster is None or not p.cluster.has_evaluator)
 
 
-def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
+def train(config: config_lib.Config, out=print, extra_hooks=()) -> Dict[str, Any]:
     """Train and evaluate as configured (this process's part of a cluster); returns the summary.
+
+    extra_hooks: SessionRunHooks added to training's (the bench's step clock).
 
     A run refused (UserError) or out of memory (OutOfMemory: a model or batch too large for
     the machine) before its first checkpoint leaves no model_dir it created; so does a
@@ -860,7 +862,7 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
     try:
         with model_dir_lock.held(p.model_dir) if p.writes_run_files else \
                 contextlib.nullcontext():
-            return _train(p, out)
+            return _train(p, out, extra_hooks)
     except (UserError, OutOfMemory) as e:
         steps = checkpoints_lib.complete_checkpoints(p.model_dir)
         untrained = not steps or (isinstance(e, UntrainableTrainOp) and set(steps) == {0})
@@ -869,7 +871,7 @@ def train(config: config_lib.Config, out=print) -> Dict[str, Any]:
         raise
 
 
-def _train(p: Plan, out) -> Dict[str, Any]:
+def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
     config = p.config
     if p.cluster:
         cluster_lib.check_own_port(p.cluster)
@@ -914,7 +916,7 @@ def _train(p: Plan, out) -> Dict[str, Any]:
             f"{warm_start.ckpt_to_initialize_from}")
     with scratch_dir(p) as scratch:
         estimator = build_estimator(p, build_run_config(p, strategy, scratch), warm_start)
-        return run_and_summarize(p, estimator, start_step, out, say)
+        return run_and_summarize(p, estimator, start_step, out, say, extra_hooks)
 
 
 GRPC_START_FAILED = "Could not start gRPC server"
@@ -978,7 +980,8 @@ def export_after_early_stop(p: Plan, estimator, hooks, say):
     say(f"early stop: exported the checkpoint at step {step} as the final export")
 
 
-def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -> Dict[str, Any]:
+def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say,
+                      extra_hooks=()) -> Dict[str, Any]:
     """Train (and evaluate, export) with the progress and guard hooks; report the result."""
     config = p.config
     progress = ProgressHook(p.global_batch, config.train.train_steps,
@@ -988,7 +991,7 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say) -
                             bar_stream=sys.stdout if out is print and sys.stdout.isatty()
                             and p.writes_run_files else None,
                             summary_dir=p.model_dir if p.writes_run_files else None)
-    hooks = training_hooks(p, estimator, progress, say) + [train_op_check(p)]
+    hooks = training_hooks(p, estimator, progress, say) + [train_op_check(p)] + list(extra_hooks)
     train_spec, eval_spec = build_specs(p, hooks)
     # Only this run's exports are reported: a resumed chief printed an earlier run's.
     earlier_exports = set(export_lib.export_paths(p.model_dir))

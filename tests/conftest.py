@@ -12,10 +12,11 @@ from estimator_dist import quiet  # noqa: E402
 quiet.configure(verbose=False)
 
 from estimator_dist.training import config as config_lib  # noqa: E402
+from estimator_dist.training import user_code
 from estimator_dist.training import run as runner  # noqa: E402
 from estimator_dist.training.registry import MODELS  # noqa: E402
 
-runner.load_builtins()
+user_code.load_builtins()
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import estimator_dist
 from conftest import make_config, run_cli
-from estimator_dist.training import run as runner
+from estimator_dist.training import plan as plan_lib
 from estimator_dist.distribute import strategies
 from estimator_dist.errors import UserError
 from estimator_dist.training.registry import register_model
@@ -63,7 +63,7 @@ def test_refused_where_it_means_nothing(flags, message, tmp_path):
     config = make_config("digits", gradient_compression="fp16", model_dir=str(tmp_path / "run"),
                          **flags)
     with pytest.raises(UserError, match=re.escape(message)):
-        runner.plan(config)
+        plan_lib.plan(config)
     assert not (tmp_path / "run").exists()
 
 

@@ -11,6 +11,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import make_config, quick_train
+from estimator_dist.training import plan as plan_lib
+from estimator_dist.training import estimator as estimator_lib
 from estimator_dist.training import run as runner
 from estimator_dist.cli.main import main
 from input_fns.digits import load_arrays
@@ -70,8 +72,8 @@ def test_export_matches_estimator_predict(trained_digits, tmp_path):
     _, _, eval_x, _ = load_arrays(False)
     images = eval_x[:16]
     config, _ = __import__("estimator_dist.cli.commands", fromlist=["x"]).saved_config(str(model_dir))
-    p = runner.plan(config)
-    est = runner.single_device_estimator(p)
+    p = plan_lib.plan(config)
+    est = estimator_lib.single_device_estimator(p)
     expected = list(est.predict(tf.compat.v1.estimator.inputs.numpy_input_fn(
         {"image": images}, shuffle=False, batch_size=8)))
     signature = tf.saved_model.load(summary["exports"][0]).signatures["serving_default"]

@@ -18,6 +18,8 @@ import tiny_models
 from conftest import make_config
 from estimator_dist.training import checkpoints
 from estimator_dist.serving import export as export_lib
+from estimator_dist.training import plan as plan_lib
+from estimator_dist.training import estimator as estimator_lib
 from estimator_dist.training import run as runner
 from estimator_dist.cli.main import main
 from estimator_dist.errors import UserError
@@ -254,9 +256,9 @@ def test_model_variables_are_what_every_strategy_saves(model, strategy, n, accum
     config = make_config(model, ("optimizer=momentum",), train_steps=1, strategy=strategy,
                          num_devices=n, accumulate_steps=accumulate, model_dir=str(tmp_path),
                          batch_size=6)
-    p = runner.plan(config)
-    variables = checkpoints.model_variables(runner.build_model_fn(p),
-                                            runner.make_input_fn(p, tf.estimator.ModeKeys.TRAIN),
+    p = plan_lib.plan(config)
+    variables = checkpoints.model_variables(estimator_lib.build_model_fn(p),
+                                            estimator_lib.make_input_fn(p, tf.estimator.ModeKeys.TRAIN),
                                             p.params())
     saved = tf.train.load_checkpoint(str(tmp_path)).get_variable_to_shape_map()
     assert variables == {k: list(v) for k, v in saved.items()}

@@ -11,7 +11,7 @@ import tensorflow as tf
 from conftest import make_config
 from estimator_dist.cli import main as cli
 from estimator_dist.training import hparam_checks
-from estimator_dist.training import run as runner
+from estimator_dist.training import plan as plan_lib
 from estimator_dist.errors import UserError
 from model_fns import digits, resnet
 
@@ -101,7 +101,7 @@ def test_leaving_model_dir_out_keeps_the_default():
     args = cli.build_parser().parse_args(["train"])
     assert args.model_dir is None
     config = make_config(model="digits", model_dir=args.model_dir)
-    assert runner.default_model_dir(config) == os.path.join("runs", "digits")
+    assert plan_lib.default_model_dir(config) == os.path.join("runs", "digits")
     assert cli.build_parser().parse_args(["train", "--model_dir", "d"]).model_dir == "d"
 
 

@@ -14,6 +14,8 @@ import tensorflow as tf
 
 import guard_models  # noqa: F401 - registers guard_mlp
 from conftest import make_config
+from estimator_dist.training import plan as plan_lib
+from estimator_dist.training import estimator as estimator_lib
 from estimator_dist.training import run as runner
 from estimator_dist.cli.main import main
 from estimator_dist.errors import EXIT_NON_FINITE, NonFiniteError
@@ -141,6 +143,6 @@ def test_checks_wait_for_the_last_gradient_on_one_multi_threaded_cpu_replica(str
                                                                               expected):
     from estimator_dist.distribute import devices
 
-    p = runner.plan(make_config(strategy=strategy, num_devices=n, batch_size=8))
+    p = plan_lib.plan(make_config(strategy=strategy, num_devices=n, batch_size=8))
     multi_core = devices.available_cores() > 1
-    assert runner.checks_after_last_gradient(p) is (expected and multi_core)
+    assert estimator_lib.checks_after_last_gradient(p) is (expected and multi_core)

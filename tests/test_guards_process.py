@@ -491,10 +491,12 @@ def test_sigterm_outside_a_training_step_stops_at_once(tmp_path):
 EVALUATOR_EXPORTING = """
 import os, sys, time
 from estimator_dist.guards import training_guard as guards
+from estimator_dist.distribute.specs import spec
 from estimator_dist.errors import Preempted
+from estimator_dist.training.roles import EVALUATOR, Role
 model_dir = sys.argv[1]
 try:
-    with guards.TrainingGuard(model_dir, role="evaluator"):
+    with guards.TrainingGuard(model_dir, role=Role(EVALUATOR, spec("none"))):
         os.makedirs(os.path.join(model_dir, "export", "best", "temp-1795600000"))  # mid-export
         time.sleep(60)
 except Preempted as e:
@@ -535,7 +537,7 @@ def test_sigterm_during_a_graph_build_is_preempted_not_a_model_error(tmp_path, m
     """users_code turns a model_fn's exceptions into "could not build" (exit 2, which nobody
     retries); the Preempted that SIGTERM raises inside a build was reported that way too."""
     from estimator_dist import quiet
-    from estimator_dist.training import run as runner
+    from estimator_dist.training import user_code
 
     monkeypatch.setitem(quiet._state, "quiet", True)
 
@@ -545,7 +547,7 @@ def test_sigterm_during_a_graph_build_is_preempted_not_a_model_error(tmp_path, m
 
     with pytest.raises(Preempted, match="SIGTERM outside a training step"):
         with guards.TrainingGuard(str(tmp_path)):
-            runner.users_code(build, "model 'm' could not build its train graph", "fix it")
+            user_code.users_code(build, "model 'm' could not build its train graph", "fix it")
 
     def swallowing_build():  # as inspect.getfullargspec does: an `export` exited 2 (CI, once)
         try:
@@ -555,7 +557,7 @@ def test_sigterm_during_a_graph_build_is_preempted_not_a_model_error(tmp_path, m
 
     with pytest.raises(Preempted, match="SIGTERM outside a training step"):
         with guards.TrainingGuard(str(tmp_path)):
-            runner.users_code(swallowing_build, "model 'm' could not build its train graph",
+            user_code.users_code(swallowing_build, "model 'm' could not build its train graph",
                               "fix it")
 
     def bad_build():
@@ -563,7 +565,7 @@ def test_sigterm_during_a_graph_build_is_preempted_not_a_model_error(tmp_path, m
 
     with pytest.raises(UserError, match="model 'm' could not build its train graph: "
                                         "ValueError: bad; fix it"):
-        runner.users_code(bad_build, "model 'm' could not build its train graph", "fix it")
+        user_code.users_code(bad_build, "model 'm' could not build its train graph", "fix it")
 
 
 def address_space_limit(limit_bytes):

@@ -23,6 +23,7 @@ import tiny_models
 from conftest import make_config
 from estimator_dist.distribute import horovod as hvd_lib
 from estimator_dist.launch import supervisor as launcher
+from estimator_dist.training import plan as plan_lib
 from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
 from test_cluster import REPO, Run, alive, checkpoint_steps, preempt_and_resume
@@ -300,13 +301,13 @@ def test_plan_of_rank_1_of_2(monkeypatch):
     """Global batch split over the ranks, --scale_lr by their number, rank 1 writes nothing."""
     monkeypatch.setattr(hvd_lib, "init", lambda: hvd_lib.Ranks(rank=1, size=2, local_rank=1,
                                                               local_size=2, launched=True))
-    p = runner.plan(make_config("tiny_v1", strategy="horovod", batch_size=8, scale_lr=True))
-    assert (p.role, p.writes_run_files, p.num_workers, p.per_replica_batch) == ("worker", False,
+    p = plan_lib.plan(make_config("tiny_v1", strategy="horovod", batch_size=8, scale_lr=True))
+    assert (p.role.kind, p.writes_run_files, p.num_workers, p.per_replica_batch) == ("worker", False,
                                                                                 2, 4)
     assert p.params()["lr_scale"] == 2.0 and p.params()["num_replicas"] == 2
     with pytest.raises(UserError, match="^--batch_size 7 is not divisible by the 2 replicas of "
                                         "--strategy horovod"):
-        runner.plan(make_config("tiny_v1", strategy="horovod", batch_size=7))
+        plan_lib.plan(make_config("tiny_v1", strategy="horovod", batch_size=7))
 
 
 def test_rerunning_a_finished_run_evaluates(tmp_path):

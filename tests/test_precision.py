@@ -11,7 +11,8 @@ from conftest import make_config, quick_train, run_cli
 from estimator_dist.cli import main as cli
 from estimator_dist.training import config as config_lib
 from estimator_dist.graph import precision
-from estimator_dist.training import run as runner
+from estimator_dist.training import plan as plan_lib
+from estimator_dist.training import estimator as estimator_lib
 from estimator_dist.errors import UserError
 from input_fns.digits import load_arrays
 from test_end_to_end import event_losses
@@ -89,12 +90,12 @@ def build_train_graph(p, image_shape):
     with tf.Graph().as_default():
         features = {"image": tf.zeros([batch] + image_shape, tf.float32)}
         labels = tf.zeros([batch], tf.int32)
-        return runner.build_model_fn(p)(features=features, labels=labels, mode=MODES.TRAIN,
+        return estimator_lib.build_model_fn(p)(features=features, labels=labels, mode=MODES.TRAIN,
                                         params=p.params())
 
 
 def test_cifar_model_fn_refused_in_train_mode():
-    p = runner.plan(make_config("cifar", synthetic=True, batch_size=8, train_steps=2,
+    p = plan_lib.plan(make_config("cifar", synthetic=True, batch_size=8, train_steps=2,
                                 mixed_precision="bfloat16"))
     with pytest.raises(UserError) as info:
         build_train_graph(p, [32, 32, 3])
@@ -139,7 +140,7 @@ def test_cpu_note_without_cpuinfo(tmp_path):
 
 
 def test_policy_is_float32_again_after_a_model_fn_call():
-    p = runner.plan(make_config(mixed_precision="bfloat16", batch_size=8))
+    p = plan_lib.plan(make_config(mixed_precision="bfloat16", batch_size=8))
     spec = build_train_graph(p, [8, 8, 1])
     assert spec.loss.dtype == tf.float32
     assert tf.keras.mixed_precision.global_policy().name == "float32"

@@ -65,10 +65,10 @@ def test_not_given_means_the_default_and_zero_means_zero():
 def test_cifar_synthetic_runs_its_reader_threads_at_the_run_s_reader_nice(given, expected):
     """--synthetic too: its training batches come from the same NumPy reader (cifar_split);
     -1 is what a run that leaves --reader_nice out hands the input."""
-    from estimator_dist.training import run as runner
+    from estimator_dist.training import user_code
     from input_fns import cifar
 
-    runner.load_builtins()
+    user_code.load_builtins()
     params = {"batch_size": 16, "synthetic": True, "seed": 1, "data_dir": "",
               "reader_nice": given}
     params.update(cifar.prepare(params))

@@ -159,9 +159,9 @@ def test_hparams_the_run_would_replace_or_cannot_save_are_refused(hparams, messa
 
 
 def test_run_params_are_what_the_run_puts_into_params():
-    from estimator_dist.training import run as runner
+    from estimator_dist.training import plan as plan_lib
     from conftest import make_config
 
-    p = runner.plan(make_config("digits"))
+    p = plan_lib.plan(make_config("digits"))
     meta = set(p.input_meta)  # what the input's prepare() adds (eval_examples for digits)
     assert set(p.params()) - set(p.config.hparams) - meta == set(registry.RUN_PARAMS)

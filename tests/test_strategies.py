@@ -95,11 +95,11 @@ def test_session_config_declares_cpu_count():
 
 def test_scale_lr_multiplies_by_replicas(tmp_path):
     from conftest import make_config
-    from estimator_dist.training import run as runner
+    from estimator_dist.training import plan as plan_lib
     from estimator_dist.graph import train_op
 
-    plain = runner.plan(make_config(strategy="mirrored", num_devices=2, model_dir=str(tmp_path)))
-    scaled = runner.plan(make_config(strategy="mirrored", num_devices=2, scale_lr=True,
+    plain = plan_lib.plan(make_config(strategy="mirrored", num_devices=2, model_dir=str(tmp_path)))
+    scaled = plan_lib.plan(make_config(strategy="mirrored", num_devices=2, scale_lr=True,
                                      model_dir=str(tmp_path)))
     assert plain.params()["lr_scale"] == 1.0 and scaled.params()["lr_scale"] == 2.0
     with tf.Graph().as_default(), tf.compat.v1.Session() as session:

@@ -8,7 +8,9 @@ import tensorflow as tf
 
 import estimator_dist
 from conftest import make_config
-from estimator_dist.training import run as runner
+from estimator_dist.training import plan as plan_lib
+from estimator_dist.training import estimator as estimator_lib
+from estimator_dist.distribute import strategies
 from estimator_dist.graph import towers
 from estimator_dist.errors import UserError
 from tiny_models import (BATCH, CLASSES, EVAL, EXAMPLES, PREDICT, TRAIN, X, Y, assert_same_weights,
@@ -61,11 +63,11 @@ def test_batch_norm_keeps_tower0_statistics(model, tmp_path):
 def predict_and_evaluate(model_dir, model, strategy, n):
     config = make_config(model, (), strategy=strategy, num_devices=n, model_dir=str(model_dir),
                          batch_size=BATCH, eval_steps=0)
-    p = runner.plan(config)
-    est = runner.build_estimator(
-        p, runner.build_run_config(p, runner.strategies.make(strategy, p.devices)))
-    predictions = [row["logits"] for row in est.predict(runner.make_input_fn(p, PREDICT))]
-    metrics = est.evaluate(runner.make_input_fn(p, EVAL))
+    p = plan_lib.plan(config)
+    est = estimator_lib.build_estimator(
+        p, estimator_lib.build_run_config(p, strategies.make(strategy, p.devices)))
+    predictions = [row["logits"] for row in est.predict(estimator_lib.make_input_fn(p, PREDICT))]
+    metrics = est.evaluate(estimator_lib.make_input_fn(p, EVAL))
     return np.stack(predictions), metrics
 
 
@@ -103,9 +105,9 @@ def test_checkpoints_interchange_tower_mirrored_none(model, tmp_path):
 def test_tower_variables_live_on_the_variable_device(tmp_path):
     config = make_config("tiny_keras", (), strategy="tower", num_devices=2, batch_size=BATCH,
                          model_dir=str(tmp_path), variable_device="device0")
-    p = runner.plan(config)
-    assert "variables on /cpu:0" in runner.describe(p) and "2 tower(s) of 4 or 3" in runner.describe(p)
-    model_fn = runner.build_model_fn(p)
+    p = plan_lib.plan(config)
+    assert "variables on /cpu:0" in plan_lib.describe(p) and "2 tower(s) of 4 or 3" in plan_lib.describe(p)
+    model_fn = estimator_lib.build_model_fn(p)
     with tf.Graph().as_default():
         tf.compat.v1.train.get_or_create_global_step()
         features, labels = {"x": tf.constant(X[:BATCH])}, tf.constant(Y[:BATCH])

@@ -17,6 +17,7 @@ from estimator_dist.training import early_stopping
 from estimator_dist.serving import export as export_lib
 from estimator_dist.serving import predict
 from estimator_dist.serving import report
+from estimator_dist.training import plan as plan_lib
 from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
 
@@ -157,7 +158,7 @@ def test_eval_every_secs(tmp_path):
 
 def test_eval_by_steps_and_seconds_conflict(tmp_path):
     with pytest.raises(UserError, match="give steps or seconds, not both"):
-        runner.plan(make_config(eval_every=10, eval_every_secs=5, model_dir=str(tmp_path)))
+        plan_lib.plan(make_config(eval_every=10, eval_every_secs=5, model_dir=str(tmp_path)))
 
 
 def test_plain_progress_lines_when_not_a_terminal(tmp_path):

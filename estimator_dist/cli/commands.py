@@ -7,6 +7,8 @@ from estimator_dist.training import config as config_lib
 from estimator_dist.serving import export as export_lib
 from estimator_dist import files
 from estimator_dist.guards import preemption
+from estimator_dist.training import user_code
+from estimator_dist.training import plan as plan_lib
 from estimator_dist.training import run as runner
 from estimator_dist.guards import storage
 from estimator_dist.cli.main import TRAIN_FLAGS
@@ -16,11 +18,11 @@ from estimator_dist.training.registry import INPUTS, MODELS
 
 def config_from_args(args) -> config_lib.Config:
     """Config file + flags + --set, strictly, after registering built-ins and --import modules."""
-    runner.load_builtins()
+    user_code.load_builtins()
     file_data = config_lib.load_yaml(args.config) if args.config else {}
     config_lib.check_top_level(file_data)
     imports = tuple(file_data.get("imports") or ()) + tuple(args.imports)
-    runner.import_user_modules(imports)
+    user_code.import_user_modules(imports)
     model = args.model or file_data.get("model") or "digits"
     entry = MODELS.get(model)
     flags = {name: getattr(args, name) for name in TRAIN_FLAGS}
@@ -30,10 +32,10 @@ def config_from_args(args) -> config_lib.Config:
 
 def saved_config(model_dir: str, **flags):
     """The config a run saved in model_dir, re-resolved for one CPU with `flags` applied."""
-    runner.load_builtins()
+    user_code.load_builtins()
     data = config_lib.load_saved(model_dir)
     resolved = data.pop("resolved", {})
-    runner.import_user_modules(data.get("imports") or ())
+    user_code.import_user_modules(data.get("imports") or ())
     entry = MODELS.get(data.get("model", ""))
     # --summary_json is training's: its path need not be writable now.
     data.get("train", {}).pop("summary_json", None)
@@ -48,7 +50,7 @@ def train(args):
     # line, in every role: it was a raw -15, or ignored while peers were connecting.
     with preemption.exit_on_sigterm(preemption.outside_the_run):
         config = config_from_args(args)
-        checkpoints.check_same_model(runner.default_model_dir(config), config.model)
+        checkpoints.check_same_model(plan_lib.default_model_dir(config), config.model)
         runner.train(config)
 
 
@@ -84,8 +86,8 @@ def predict(args):
 
 
 def list_registered(args):
-    runner.load_builtins()
-    runner.import_user_modules(args.imports)
+    user_code.load_builtins()
+    user_code.import_user_modules(args.imports)
     print("models:")
     for name in MODELS.names():
         entry = MODELS.get(name)
@@ -114,10 +116,10 @@ def checked_train_args(args, default_strategy=None) -> list:
         pass_through_parser(parser, args.command).unrecognized(unknown)  # exit 2
     config = config_from_args(train_ns)
     if args.command == "cluster":  # a TFJob's model_dir is on its pods' storage
-        checkpoints.check_same_model(runner.default_model_dir(config), config.model)
+        checkpoints.check_same_model(plan_lib.default_model_dir(config), config.model)
     launcher.check_shape(args.workers, args.ps, config.distribute.strategy)
     check_evaluations(config, args.evaluator)
-    runner.check_cluster_run(config, args.workers, local=args.command == "cluster")
+    plan_lib.check_cluster_run(config, args.workers, local=args.command == "cluster")
     return train_args, config
 
 
@@ -210,7 +212,7 @@ STOPPED_BY_SIGTERM = ("evaluate", "export", "predict", "report", "tfjob")
 def run(name: str, args):
     storage.forbid_world_writable()
     if name in IMPORT_FIRST:
-        runner.import_user_modules(getattr(args, "imports", ()))
+        user_code.import_user_modules(getattr(args, "imports", ()))
     if name not in STOPPED_BY_SIGTERM:
         return COMMANDS[name](args)
     with preemption.stop_on_sigterm(lambda: preemption.command_stopped(name)):

@@ -7,7 +7,6 @@ read TF_CONFIG (checked first by cluster.py). `horovod` has no strategy object
 either: each process is one rank, and the model_fn's optimizer averages the
 gradients over the ranks (horovod.py, horovod_train.py).
 """
-import difflib
 from typing import Callable, Dict, Optional, Tuple
 
 import tensorflow as tf
@@ -16,6 +15,7 @@ from tensorflow.python.distribute import collective_all_reduce_strategy
 from tensorflow.python.eager import context
 
 from estimator_dist.distribute.devices import Devices
+from estimator_dist.distribute.specs import SPECS, StrategySpec, check_name, names, spec, with_feature  # noqa: F401
 from estimator_dist.errors import UserError
 
 
@@ -98,91 +98,72 @@ _BUILDERS: Dict[str, Callable[[Devices], Optional[tf.distribute.Strategy]]] = {
     "horovod": _horovod,
 }
 
-# Strategies that run one device however many are asked for.
-SINGLE_DEVICE = ("none", "one_device")
-# Strategies that span processes; they need TF_CONFIG.
-CLUSTER = ("multi_worker_mirrored", "parameter_server")
-# Strategies under which Estimator calls the model_fn once per device, all in one graph
-# (tower calls it per device itself, towers.py).
-IN_GRAPH_REPLICAS = ("mirrored", "central_storage", "multi_worker_mirrored", "parameter_server")
-# Strategies whose gradients cross devices or the network in an all-reduce that
-# --gradient_compression can make 16-bit (Horovod: float16 only).
-COMPRESSIBLE = {"mirrored": ("fp16", "bf16"), "multi_worker_mirrored": ("fp16", "bf16"),
-                "horovod": ("fp16",)}
-# Strategies --accumulate_steps K > 1 works with (central_storage's variables
-# cannot hold the per-replica accumulators).
-ACCUMULATE = ("none", "one_device", "mirrored", "tower")
+
+def spec(name: str) -> StrategySpec:
+    """The table entry of a --strategy; refuses an unknown name."""
+    check_name(name)
+    return SPECS[name]
 
 
 # Where a model_fn's own tf.compat.v1.train.SyncReplicasOptimizer can run: between-graph
 # replication, one graph per process (ps tasks in TF_CONFIG, or one local process). The
 # tf.distribute strategies fail inside its apply_gradients; tower, accumulation and Horovod
 # apply the gradients themselves (sync_replicas.py).
-SYNC_REPLICAS = ("none",)
 
 
 def sync_replicas_refused_by(name: str, accumulate_steps: int = 1) -> Optional[str]:
     """The setting under which SyncReplicasOptimizer cannot run ('--strategy mirrored'), or
     None where it can."""
-    if name not in SYNC_REPLICAS:
+    if not spec(name).sync_replicas:
         return f"--strategy {name}"
     if accumulate_steps > 1:
         return f"--accumulate_steps {accumulate_steps}"
     return None
 
 
-def names():
-    return sorted(_BUILDERS)
-
-
-def check_name(name: str):
-    if name not in _BUILDERS:
-        close = difflib.get_close_matches(name, names(), n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise UserError(f"--strategy {name}: unknown; choose one of {', '.join(names())}{hint}")
-
-
 def runs_one_device(name: str) -> bool:
     """`--num_devices 0` (auto) means one device, not every GPU."""
-    return name in SINGLE_DEVICE
+    return spec(name).one_device
 
 
 def gpus_to_claim(name: str, devices: Devices) -> Tuple[int, ...]:
     """The GPUs this process keeps visible (claim_gpus): the ones it computes on. A cluster
     strategy would otherwise use every visible GPU while the batch split counts
     --num_devices (8 GPUs, --num_devices 2: a global batch 4x what was asked)."""
-    if devices.kind != "GPU" or name == "horovod":  # horovod pins its rank's GPU itself
+    if devices.kind != "GPU" or spec(name).pins_own_gpu:  # a Horovod rank pins its own GPU
         return ()
     return tuple(range(devices.count))
 
 
 def check_devices(name: str, devices: Devices):
-    if name in SINGLE_DEVICE and devices.count > 1:
+    if spec(name).one_device and devices.count > 1:
         raise UserError(f"--strategy {name} runs on one device, got --num_devices {devices.count}; "
                         f"use --strategy mirrored for several")
-    if name in CLUSTER and devices.kind == "CPU" and devices.count > 1:
+    if spec(name).needs_tf_config and devices.kind == "CPU" and devices.count > 1:
         # MultiWorkerMirrored ignores logical CPUs (one replica on CPU:0, measured).
         raise UserError(f"--strategy {name} runs one replica per CPU worker, got --num_devices "
                         f"{devices.count}; add workers instead (--num_devices counts GPUs)")
 
 
 def check_accumulate(name: str, accumulate_steps: int):
-    if accumulate_steps > 1 and name not in ACCUMULATE:
+    if accumulate_steps > 1 and not spec(name).accumulates:
         raise UserError(f"--accumulate_steps {accumulate_steps} does not work with --strategy "
-                        f"{name}; use one of {', '.join(ACCUMULATE)}")
+                        f"{name}; use one of {', '.join(with_feature(lambda s: s.accumulates))}")
 
 
 def check_compression(name: str, setting: str, accumulate_steps: int):
     """--gradient_compression only where an all-reduce carries the gradients."""
     if setting == "none":
         return
-    if name not in COMPRESSIBLE:
+    allowed = spec(name).compressions
+    if not allowed:
         raise UserError(f"--gradient_compression {setting} means nothing with --strategy {name} "
                         f"(no all-reduce of gradients); use it with "
-                        f"{', '.join(COMPRESSIBLE)}, or leave it out")
-    if setting not in COMPRESSIBLE[name]:
+                        f"{', '.join(with_feature(lambda s: bool(s.compressions)))}, or leave "
+                        f"it out")
+    if setting not in allowed:
         raise UserError(f"--gradient_compression {setting}: --strategy {name} compresses to "
-                        f"{' or '.join(COMPRESSIBLE[name])} only (Horovod's "
+                        f"{' or '.join(allowed)} only (Horovod's "
                         f"hvd.Compression.fp16); use --gradient_compression fp16")
     if accumulate_steps > 1:
         raise UserError(f"--gradient_compression {setting} does not work with --accumulate_steps "
@@ -192,12 +173,12 @@ def check_compression(name: str, setting: str, accumulate_steps: int):
 
 def num_replicas(name: str, devices: Devices, workers: int = 1) -> int:
     """Model replicas: tf.distribute replicas (over every worker), or the towers of `tower`."""
-    return (1 if name in SINGLE_DEVICE else devices.count) * workers
+    return (1 if spec(name).one_device else devices.count) * workers
 
 
 def calls_model_fn_per_device(name: str, devices: Devices) -> bool:
     """Whether Estimator builds several replicas' model_fn calls into one graph."""
-    return name in IN_GRAPH_REPLICAS and devices.count > 1
+    return spec(name).in_graph_replicas and devices.count > 1
 
 
 def per_replica_batch(name: str, global_batch: int, devices: Devices, workers: int = 1) -> int:
@@ -208,7 +189,7 @@ def per_replica_batch(name: str, global_batch: int, devices: Devices, workers: i
     input_fn yields the whole global batch, which the towers split (any size).
     In a cluster the replicas of every worker count.
     """
-    if name == "tower":
+    if spec(name).input_gets_global_batch:
         return global_batch
     replicas = num_replicas(name, devices, workers)
     if global_batch % replicas:
@@ -221,7 +202,7 @@ def per_replica_batch(name: str, global_batch: int, devices: Devices, workers: i
 
 def variable_device(name: str, setting: str, devices: Devices) -> Optional[str]:
     """Where `tower` keeps its variables (`--variable_device cpu|device0`); None otherwise."""
-    if name != "tower":
+    if not spec(name).variable_device_flag:
         return None
     return "/cpu:0" if setting == "cpu" else devices.names[0]
 

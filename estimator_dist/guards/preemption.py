@@ -205,10 +205,9 @@ def evaluator_stopped(checkpoint) -> Preempted:
                      f"{retry('to go on evaluating')}")
 
 
-def task_stopped(role: str, checkpoint) -> Preempted:
+def task_stopped(what: str, checkpoint) -> Preempted:
     """SIGTERM to a task that writes no checkpoint: a ps, a parameter-server worker (or a
-    Horovod rank > 0); the chief saves."""
-    what = "ps task" if role == "ps" else "worker"
+    Horovod rank > 0); the chief saves. what: 'ps task' or 'worker' (Role.what)."""
     return Preempted(f"SIGTERM: this {what} stopped (the chief writes the checkpoints); "
                      f"{where_to_resume(checkpoint, 'no checkpoint yet')}; "
                      f"{retry('to rejoin the run')}")

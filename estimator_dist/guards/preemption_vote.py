@@ -100,11 +100,12 @@ class VoteHook(tf.compat.v1.train.SessionRunHook):
         self._since = time.perf_counter()
 
 
-def preempted(vote: VoteHook, role: str, model_dir: str) -> Preempted:
-    """The one line of a worker that stopped on a vote (the chief names its checkpoint)."""
+def preempted(vote: VoteHook, names_checkpoint: bool, model_dir: str) -> Preempted:
+    """The one line of a worker that stopped on a vote (the chief names its checkpoint:
+    Role.names_checkpoint_on_vote)."""
     step = vote.stopped_at
     who = "SIGTERM" if vote.signalled else "SIGTERM to another worker"
-    if role == "chief":
+    if names_checkpoint:
         latest = tf.train.latest_checkpoint(model_dir)
         saved = (f"saved {latest}" if latest and latest.endswith(f"-{step}")
                  else f"no final checkpoint; {preemption.where_to_resume(latest)}")

@@ -30,6 +30,7 @@ from estimator_dist.guards import preemption_vote
 from estimator_dist import quiet
 from estimator_dist.guards import storage
 from estimator_dist.errors import ReportedError, TrainingFailed, first_line, op_error_line
+from estimator_dist.training.roles import Role
 
 
 class GuardHook(tf.compat.v1.train.SessionRunHook):
@@ -120,12 +121,12 @@ class TrainingGuard:
     """Context manager around `train_and_evaluate`; `attach(train_spec)` adds its hooks,
     `attach_eval(eval_spec)` the one that cuts an evaluation short on SIGTERM.
 
-    role: local, chief, worker, ps or evaluator. A local run handles SIGTERM (a final
-    checkpoint, exit 143), and so does a cluster's chief when it saves alone
-    (`chief_saves_alone`: parameter servers, Horovod), within a deadline, as its step
-    waits for peers that may be stopping too (preemption.py). Under
-    multi_worker_mirrored (`chief_saves_alone` False) every worker takes part in a
-    save, so there every worker handles SIGTERM: the workers vote to stop at one
+    role: this process's Role (roles.py), which says how it stops. A local run handles
+    SIGTERM (a final checkpoint, exit 143), and so does a cluster's chief when it saves
+    alone (parameter servers, Horovod), within a deadline, as its step waits for peers
+    that may be stopping too (preemption.py). Under multi_worker_mirrored every worker
+    takes part in a save (StrategySpec.every_worker_saves), so there every worker
+    handles SIGTERM: the workers vote to stop at one
     step, save together and exit 143 (preemption_vote.py), within the same deadline.
     The evaluator, ps tasks and the workers of parameter-server training write no
     checkpoint: they exit 143 at once with one line (the evaluator removing an export it
@@ -134,17 +135,16 @@ class TrainingGuard:
     exports (local, evaluator).
     """
 
-    def __init__(self, model_dir: str, runs_per_step: int = 1, role: str = "local",
-                 chief_saves_alone: bool = True, workers: int = 1):
+    def __init__(self, model_dir: str, runs_per_step: int = 1, role: Optional[Role] = None):
         self.model_dir = model_dir
-        self.role = role
-        votes = not chief_saves_alone and role in ("chief", "worker")
-        self.vote = preemption_vote.VoteHook(workers, runs_per_step) if votes else None
+        self.role = role = role or Role.local()
+        votes = role.votes_on_sigterm
+        self.vote = preemption_vote.VoteHook(role.num_workers, runs_per_step) if votes else None
         # The same workers step together: one gone stalls the others (peers.py).
-        self.stall = peers.StallHook(model_dir) if votes and workers > 1 else None
+        self.stall = peers.StallHook(model_dir) if votes and role.num_workers > 1 else None
         self.hook = GuardHook(model_dir, runs_per_step, saves_on_stop=not votes)
         # Finishes its step and saves on SIGTERM; the others exit at once.
-        self.handles_sigterm = role == "local" or votes or (role == "chief" and chief_saves_alone)
+        self.handles_sigterm = role.saves_on_sigterm
         self._deadline, self._deadline_lock = None, threading.Lock()
 
     def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:
@@ -158,7 +158,7 @@ class TrainingGuard:
             hooks=tuple(eval_spec.hooks) + (EvaluationStopHook(self.hook, self.model_dir),))
 
     def _on_sigterm(self, signum=signal.SIGTERM):
-        if self.role in ("chief", "worker") and not self.hook.session_created:
+        if self.role.trains_in_a_group and not self.hook.session_created:
             return  # nothing to save: the watcher thread exits at once (_start_deadline)
         if self.hook.stop_requested or (self.vote and self.vote.stopped_at is not None):
             return  # already stopping (under a vote: every worker saving together)
@@ -176,7 +176,7 @@ class TrainingGuard:
         called by preemption.SignalWatch's thread the moment SIGTERM arrives, also while the
         main thread is blocked. Before its session exists (building the graph, waiting for
         its peers to connect) a task has nothing to save: it exits at once."""
-        if self.role not in ("chief", "worker"):
+        if not self.role.trains_in_a_group:
             return
         if not self.hook.session_created:
             preemption.exit_now(preemption.connecting_stopped(
@@ -189,16 +189,16 @@ class TrainingGuard:
     def _stopped(self):
         """What a task that exits at once on SIGTERM says."""
         latest = tf.train.latest_checkpoint(self.model_dir)
-        if self.role == "evaluator":
+        if self.role.writes_exports:  # the evaluator
             return preemption.evaluator_stopped(latest)
-        return preemption.task_stopped(self.role, latest)
+        return preemption.task_stopped(self.role.what, latest)
 
     def _remove_own_temp_files(self):
         storage.remove(storage.temp_entries(self._watched()) - self._before)
 
     def _watched(self) -> List[str]:
-        watched = [self.model_dir] if self.role in ("local", "chief") else []
-        if self.role in ("local", "evaluator"):
+        watched = [self.model_dir] if self.role.writes_checkpoints else []
+        if self.role.writes_exports:
             watched += sorted(storage.export_bases(self.model_dir))
         return watched
 
@@ -215,13 +215,14 @@ class TrainingGuard:
         # Ctrl-C in a local run stops as SIGTERM does, exit 130: it dropped every step since
         # the last checkpoint. A cluster's tasks are stopped by their launcher.
         self._stack.enter_context(preemption.on_signal(
-            signal.SIGINT, lambda: self._on_sigterm(signal.SIGINT), enabled=self.role == "local"))
+            signal.SIGINT, lambda: self._on_sigterm(signal.SIGINT), enabled=self.role.stops_on_sigint))
         return self
 
     def __exit__(self, exc_type, exc, tb):
         self._stack.close()
         if exc is None and self.vote and self.vote.stopped_at is not None:
-            raise preemption_vote.preempted(self.vote, self.role, self.model_dir)
+            raise preemption_vote.preempted(self.vote, self.role.names_checkpoint_on_vote,
+                                            self.model_dir)
         if exc is None:
             return False
         storage.remove(storage.temp_entries(self._watched()) - self._before)

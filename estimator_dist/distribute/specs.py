@@ -1,0 +1,104 @@
+"""The StrategySpec table: one entry per --strategy, the one place that knows what each needs.
+
+Imports no TensorFlow (the launcher reads it); the strategy objects themselves are
+built in strategies.py.
+"""
+import difflib
+from dataclasses import dataclass
+from typing import Callable, Dict, Tuple
+
+from estimator_dist.errors import UserError
+
+
+# StrategySpec.wraps_model_fn
+TOWERS = "towers"
+HOROVOD_OPTIMIZER = "horovod_optimizer"
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """Everything the rest of the package needs to know about one --strategy.
+
+    (Model Garden keeps its strategy knowledge in one place, official/common/
+    distribute_utils.py; this is that table for Estimator.)
+    """
+
+    name: str
+    # Processes: "one" (this process), "tf_config" (a TF_CONFIG cluster), "horovod" (ranks).
+    processes: str = "one"
+    one_device: bool = False  # runs one device however many are asked for
+    # Estimator calls the model_fn once per device, all in one graph (tower does it itself).
+    in_graph_replicas: bool = False
+    # The input_fn yields the GLOBAL batch (tower splits it) instead of a replica's.
+    input_gets_global_batch: bool = False
+    # Who wraps the model_fn around the user's: TOWERS (towers.py), HOROVOD_OPTIMIZER
+    # (horovod_train.py) or "" (Estimator's strategy, or nothing).
+    wraps_model_fn: str = ""
+    accumulates: bool = False  # --accumulate_steps K > 1 works with it
+    compressions: Tuple[str, ...] = ()  # --gradient_compression settings its all-reduce takes
+    sync_replicas: bool = False  # a model_fn's own SyncReplicasOptimizer can run under it
+    every_worker_saves: bool = False  # each worker writes checkpoints (MWMS), not the chief alone
+    # What the local launcher restarts when a task dies: "task" (that one) or "cluster"
+    # (every task: the collective ops of the survivors cannot take a new peer).
+    restarts: str = "task"
+    variable_device_flag: bool = False  # --variable_device applies
+    pins_own_gpu: bool = False  # sets its devices itself (one GPU per Horovod rank)
+
+    @property
+    def needs_tf_config(self) -> bool:
+        return self.processes == "tf_config"
+
+    @property
+    def uses_horovod(self) -> bool:
+        return self.processes == "horovod"
+
+
+SPECS: Dict[str, StrategySpec] = {s.name: s for s in (
+    StrategySpec("none", one_device=True, accumulates=True, sync_replicas=True),
+    StrategySpec("one_device", one_device=True, accumulates=True),
+    StrategySpec("mirrored", in_graph_replicas=True, accumulates=True,
+                 compressions=("fp16", "bf16")),
+    # central_storage's variables cannot hold the per-replica accumulators.
+    StrategySpec("central_storage", in_graph_replicas=True),
+    StrategySpec("tower", input_gets_global_batch=True, wraps_model_fn=TOWERS,
+                 accumulates=True, variable_device_flag=True),
+    StrategySpec("multi_worker_mirrored", processes="tf_config",
+                 in_graph_replicas=True, compressions=("fp16", "bf16"),
+                 every_worker_saves=True, restarts="cluster"),
+    StrategySpec("parameter_server", processes="tf_config",
+                 in_graph_replicas=True),
+    # Horovod's all-reduce compresses to float16 only (hvd.Compression.fp16).
+    StrategySpec("horovod", processes="horovod", wraps_model_fn=HOROVOD_OPTIMIZER,
+                 compressions=("fp16",), pins_own_gpu=True),
+)}
+
+# The strategy a local TF_CONFIG cluster runs when none is named: asynchronous
+# between-graph training with ps tasks, else synchronous all-reduce.
+CLUSTER_DEFAULT = {True: "parameter_server", False: "multi_worker_mirrored"}
+# The strategy of a Horovod launch.
+HOROVOD = "horovod"
+# The one-process strategy a TFJob with one replica runs (a one-task TF_CONFIG cluster
+# is refused by TF's cluster strategies).
+ONE_PROCESS_MULTI_DEVICE = "mirrored"
+
+
+def names():
+    return sorted(SPECS)
+
+
+def check_name(name: str):
+    if name not in SPECS:
+        close = difflib.get_close_matches(name, names(), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise UserError(f"--strategy {name}: unknown; choose one of {', '.join(names())}{hint}")
+
+
+def spec(name: str) -> StrategySpec:
+    """The table entry of a --strategy; refuses an unknown name."""
+    check_name(name)
+    return SPECS[name]
+
+
+def with_feature(test: Callable[[StrategySpec], bool]) -> Tuple[str, ...]:
+    """The strategies whose entry passes `test`, for the lines that list what works."""
+    return tuple(name for name, s in SPECS.items() if test(s))

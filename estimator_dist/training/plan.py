@@ -1,0 +1,171 @@
+"""A run's plan: everything resolved and checked before anything is written.
+
+`plan()` resolves the registry entries, this process's Role, its devices, the batch
+split and the input's data (its prepare()), so bad input leaves model_dir untouched.
+"""
+import os
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Optional
+
+
+from estimator_dist.distribute import tf_config as cluster_lib
+from estimator_dist.training import config as config_lib
+from estimator_dist.distribute import devices as devices_lib
+from estimator_dist.distribute import horovod as hvd_lib
+from estimator_dist.distribute import strategies
+from estimator_dist.distribute.specs import StrategySpec
+from estimator_dist.training.roles import Role
+from estimator_dist.training.registry import INPUTS, MODELS, Entry, check_data_flags
+from estimator_dist.training.user_code import SERVING_INFERRED, run_prepare
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated run: nothing here has touched the disk yet."""
+
+    config: config_lib.Config
+    model: Entry
+    input: Entry
+    devices: devices_lib.Devices
+    replicas: int
+    per_replica_batch: int
+    input_meta: Dict[str, Any]
+    model_dir: str
+    role: Role  # which process this is, and what it does (roles.py)
+
+    @property
+    def strategy(self) -> StrategySpec:
+        return self.role.strategy
+
+    @property
+    def num_workers(self) -> int:
+        return self.role.num_workers
+
+    @property
+    def writes_run_files(self) -> bool:
+        return self.role.writes_run_files
+
+    @property
+    def global_batch(self) -> int:
+        return self.config.train.batch_size
+
+    def params(self) -> Dict[str, Any]:
+        """What the model_fn and input_fn receive as `params`."""
+        c = self.config
+        # What the input's prepare() resolved (e.g. the real data_dir) wins.
+        return {
+            **input_params(c, self.per_replica_batch),
+            **{k: v for k, v in self.input_meta.items()
+               if k not in ("serving_features", "plain_features", SERVING_INFERRED)},
+            "global_batch_size": self.global_batch,
+            "num_replicas": self.replicas,
+            "lr_scale": float(self.replicas) if c.distribute.scale_lr else 1.0,
+            "gradient_compression": c.distribute.gradient_compression,
+        }
+
+
+def default_model_dir(config) -> str:
+    return config.train.model_dir or os.path.join("runs", config.model)
+
+
+def input_params(config, per_replica_batch) -> Dict[str, Any]:
+    return {**config.hparams, "batch_size": per_replica_batch, "data_dir": config.data.data_dir,
+            "data_path": config.data.data_path, "label_column": config.data.label_column,
+            "synthetic": config.data.synthetic, "reader_nice": config.data.reader_nice,
+            "train_steps": config.train.train_steps,
+            "seed": config.train.seed if config.train.seed >= 0 else None}
+
+
+def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None) -> Plan:
+    """Resolve and check everything a run needs; raises UserError, writes nothing."""
+    model, input_entry = _entries(config)
+    name = config.distribute.strategy
+    cluster = cluster_lib.from_env(name)
+    role = Role.of(name, cluster, hvd_lib.init() if strategies.spec(name).uses_horovod else None)
+    workers = role.num_workers if role.horovod or (cluster and cluster.is_distributed) else 1
+    devices = (hvd_lib.devices(config.distribute.num_devices) if role.horovod
+               else devices_lib.resolve(config.distribute.num_devices,
+                                        single_device=strategies.runs_one_device(name)))
+    claimed = strategies.gpus_to_claim(name, devices)
+    if claimed:
+        devices_lib.claim_gpus(claimed)
+    per_replica = _per_replica_batch(config, devices, workers)
+    if input_meta is None:
+        input_meta = run_prepare(input_entry, input_params(config, per_replica))
+    return Plan(config=config, model=model, input=input_entry, devices=devices,
+                replicas=strategies.num_replicas(name, devices, workers),
+                per_replica_batch=per_replica, input_meta=input_meta,
+                model_dir=default_model_dir(config), role=role)
+
+
+def check_cluster_run(config: config_lib.Config, workers: int, local: bool):
+    """What every training task of a cluster of `workers` (the chief counted) would refuse at
+    its start, checked once: by `cluster` before it launches, by `tfjob` before it writes.
+
+    local: the tasks run on this machine, whose devices and data they use (devices
+    resolved here, the input's prepare() run here); else (a TFJob's pods) the devices
+    are what --num_devices asks for, one when auto, so the batch check there is the
+    part every pod shape must pass.
+    """
+    _, input_entry = _entries(config)
+    n = config.distribute.num_devices
+    if strategies.spec(config.distribute.strategy).uses_horovod:
+        devices = hvd_lib.devices(n, gpus=None if local else n)
+    else:
+        devices = devices_lib.resolve(n, gpus=None if local else n,
+                                      single_device=strategies.runs_one_device(
+                                          config.distribute.strategy))
+    per_replica = _per_replica_batch(config, devices, workers)
+    if local:
+        run_prepare(input_entry, input_params(config, per_replica))
+
+
+def _entries(config: config_lib.Config):
+    """(model entry, input entry) of a validated config."""
+    config_lib.validate(config)
+    model = MODELS.get(config.model)
+    input_entry = INPUTS.get(config.data.input or model.default_input or config.model)
+    check_data_flags(input_entry, asdict(config.data))
+    strategies.check_name(config.distribute.strategy)
+    return model, input_entry
+
+
+def _per_replica_batch(config: config_lib.Config, devices, workers: int) -> int:
+    name = config.distribute.strategy
+    strategies.check_devices(name, devices)
+    strategies.check_accumulate(name, config.distribute.accumulate_steps)
+    strategies.check_compression(name, config.distribute.gradient_compression,
+                                 config.distribute.accumulate_steps)
+    return strategies.per_replica_batch(name, config.train.batch_size, devices, workers)
+
+
+def log_every(train_steps: int) -> int:
+    """Steps between progress lines and loss summaries: ~10 per run, at most every 100."""
+    return max(1, min(100, train_steps // 10))
+
+
+def plain_features_note(p: Plan) -> str:
+    """Where a model's one-tensor features go in a SavedModel (export.PLAIN_FEATURE)."""
+    (name, (shape, dtype)), = p.input_meta["serving_features"].items()
+    return (f"features are one tensor, not a dict: SavedModels take it as serving input "
+            f"'{name}' {shape} {dtype} (predict --input: one .npy array or CSV column '{name}')")
+
+
+def describe(p: Plan) -> str:
+    c = p.config
+    d = c.distribute
+    if p.strategy.input_gets_global_batch:  # tower: the towers split the global batch
+        big, small = -(-p.global_batch // p.replicas), p.global_batch // p.replicas
+        split = f"{big}" if big == small else f"{big} or {small}"
+        batch = (f"global batch {p.global_batch} split into {p.replicas} tower(s) of {split}, "
+                 f"variables on "
+                 f"{strategies.variable_device(d.strategy, d.variable_device, p.devices)}")
+    else:
+        batch = (f"global batch {p.global_batch} = {p.per_replica_batch} x {p.replicas} "
+                 f"replica(s)")
+    if d.accumulate_steps > 1:
+        batch += (f", {d.accumulate_steps} batches per update "
+                  f"({p.global_batch * d.accumulate_steps} examples)")
+    where = p.role.where(f"{p.devices.count} {p.devices.kind}(s)")
+    return (f"model {c.model} | input {p.input.name} | strategy {d.strategy} on {where} | "
+            f"{batch} | model_dir {p.model_dir}")

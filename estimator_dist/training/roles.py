@@ -1,0 +1,281 @@
+"""Which process does what: one Role per process, built once from the plan.
+
+tensorflow/estimator's training.py dispatches `'run_' + task_type`, one method per
+role; here every question about what this process does (write the run files, speak,
+evaluate, export, write --summary_json, build a strategy, how it runs and how it stops
+on SIGTERM/SIGINT) is answered by its Role, and no other module reads task types or
+Horovod ranks. The kinds:
+
+  local      one process: trains, evaluates, exports, owns model_dir
+  chief      a TF_CONFIG cluster's chief, or Horovod's rank 0 (it owns model_dir)
+  worker     a cluster's other training task, or a Horovod rank > 0 (a scratch dir)
+  ps         a parameter server (Estimator runs its server until the run ends)
+  evaluator  a cluster's evaluator: evaluates each new checkpoint, exports
+
+Imports no TensorFlow: the launcher's task kinds come from here too (TASK_KINDS).
+"""
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from estimator_dist.distribute.specs import StrategySpec, spec
+from estimator_dist.distribute.tf_config import ClusterSpec
+
+LOCAL, CHIEF, WORKER, PS, EVALUATOR = "local", "chief", "worker", "ps", "evaluator"
+
+# How a run drives Estimator (Role.run).
+TRAIN_AND_EVALUATE = "train_and_evaluate"  # tf.estimator.train_and_evaluate (ps: its server)
+TRAIN_ONLY = "train_only"  # Estimator.train: a Horovod rank > 0 (rank 0 evaluates)
+EVALUATE_LOOP = "evaluate_loop"  # the evaluator task (evaluator.py)
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    """What the local launcher needs to know about a TF_CONFIG task type."""
+
+    trains: bool  # chief and workers: take training steps (and GPUs)
+    listens: bool  # has a port in TF_CONFIG's cluster (the evaluator has none)
+    serves_forever: bool  # a parameter server: never exits by itself, stopped by the launcher
+    restart_rebuilds_cluster: bool  # its restart needs every other task restarted too
+
+
+TASK_KINDS = {
+    CHIEF: TaskKind(trains=True, listens=True, serves_forever=False, restart_rebuilds_cluster=False),
+    WORKER: TaskKind(trains=True, listens=True, serves_forever=False, restart_rebuilds_cluster=False),
+    PS: TaskKind(trains=False, listens=True, serves_forever=True, restart_rebuilds_cluster=True),
+    EVALUATOR: TaskKind(trains=False, listens=False, serves_forever=False,
+                        restart_rebuilds_cluster=False),
+}
+
+
+def task_kind(task_name: str) -> TaskKind:
+    """The kind of a launcher task named 'type:index' (e.g. worker:1)."""
+    return TASK_KINDS[task_name.split(":")[0]]
+
+
+def is_chief_task(task_name: str) -> bool:
+    return task_name.split(":")[0] == CHIEF
+
+
+def is_evaluator_task(task_name: str) -> bool:
+    return task_name.split(":")[0] == EVALUATOR
+
+
+def horovod_task_kind(rank: int) -> str:
+    """A Horovod rank as the launcher names it: rank 0 is the chief."""
+    return CHIEF if rank == 0 else WORKER
+
+
+@dataclass(frozen=True)
+class Role:
+    """This process's part in the run."""
+
+    kind: str
+    strategy: StrategySpec
+    cluster: Optional[ClusterSpec] = None  # a TF_CONFIG cluster task
+    ranks: Optional[Any] = None  # Horovod: horovod.Ranks
+
+    @classmethod
+    def of(cls, strategy: str, cluster: Optional[ClusterSpec] = None, ranks=None) -> "Role":
+        """The role of a process running `strategy` with this TF_CONFIG or these ranks."""
+        if cluster:
+            kind = cluster.task_type
+        elif ranks is not None and ranks.size > 1:
+            kind = CHIEF if ranks.is_root else WORKER
+        else:
+            kind = LOCAL
+        return cls(kind, spec(strategy), cluster, ranks)
+
+    @classmethod
+    def local(cls, strategy: str = "none") -> "Role":
+        return cls(LOCAL, spec(strategy))
+
+    # -- what it is --------------------------------------------------------------------
+    @property
+    def in_cluster(self) -> bool:
+        """A task of a TF_CONFIG cluster."""
+        return self.cluster is not None
+
+    @property
+    def horovod(self) -> bool:
+        return self.ranks is not None
+
+    @property
+    def horovod_follower(self) -> bool:
+        """A Horovod rank > 0: trains in a scratch dir, gets every variable from rank 0."""
+        return self.horovod and not self.ranks.is_root
+
+    @property
+    def trains_in_a_group(self) -> bool:
+        """A chief or worker: its steps wait for peers (a deadline bounds its SIGTERM)."""
+        return self.kind in (CHIEF, WORKER)
+
+    @property
+    def index(self) -> int:
+        if self.cluster:
+            return self.cluster.task_index
+        return self.ranks.rank if self.ranks is not None else 0
+
+    @property
+    def num_workers(self) -> int:
+        """Training processes: the cluster's workers, or the Horovod ranks."""
+        if self.cluster:
+            return self.cluster.num_workers
+        return self.ranks.size if self.ranks is not None else 1
+
+    # -- what it writes and says -------------------------------------------------------
+    @property
+    def writes_run_files(self) -> bool:
+        """config.yaml, the checkpoints, the model_dir lock: the run's owner."""
+        return self.kind in (LOCAL, CHIEF)
+
+    @property
+    def speaks(self) -> bool:
+        """Prints the run's lines (the others train silently)."""
+        return self.kind in (LOCAL, CHIEF, EVALUATOR)
+
+    @property
+    def evaluates(self) -> bool:
+        """It evaluates (local, the evaluator, Horovod's rank 0), or it is the chief of a
+        cluster whose evaluator does: a run it would fail is refused by the chief first."""
+        if self.kind == CHIEF:
+            return self.horovod or self.cluster.has_evaluator
+        return self.kind in (LOCAL, EVALUATOR)
+
+    @property
+    def writes_summary(self) -> bool:
+        """The task that holds the final metrics and exports writes --summary_json."""
+        if self.kind in (LOCAL, EVALUATOR):
+            return True
+        return self.kind == CHIEF and (self.cluster is None or not self.cluster.has_evaluator)
+
+    @property
+    def exports_final_itself(self) -> bool:
+        """A cluster's chief with no evaluator task: nobody runs the exporters, it exports."""
+        return self.kind == CHIEF and self.in_cluster and not self.cluster.has_evaluator
+
+    @property
+    def exports_after_early_stop(self) -> bool:
+        """Outside a cluster (local, Horovod rank 0) an early stop's export is its own; a
+        cluster's evaluator exports on the chief's end marker."""
+        return not self.in_cluster
+
+    @property
+    def marks_end_for_evaluator(self) -> bool:
+        return self.kind == CHIEF and self.in_cluster
+
+    @property
+    def metrics_from_eval_dir(self) -> bool:
+        """Its result is the last evaluation's event file (the evaluator's loop returns none)."""
+        return self.kind == EVALUATOR
+
+    @property
+    def evaluated_elsewhere(self) -> bool:
+        """A cluster's training task: the evaluator task evaluates and exports."""
+        return self.kind in (CHIEF, WORKER) and not self.horovod
+
+    # -- what it builds and runs -------------------------------------------------------
+    @property
+    def builds_strategy(self) -> bool:
+        """The evaluator runs without a strategy: MultiWorkerMirrored cannot be copied into
+        its RunConfig, and evaluation needs no replicas."""
+        return self.kind != EVALUATOR
+
+    @property
+    def run(self) -> str:
+        if self.kind == EVALUATOR:
+            return EVALUATE_LOOP
+        if self.horovod_follower:
+            return TRAIN_ONLY
+        return TRAIN_AND_EVALUATE
+
+    @property
+    def checks_memory(self) -> bool:
+        """Refuses variables that cannot fit here: in a cluster they may live on ps tasks."""
+        return self.kind == LOCAL
+
+    @property
+    def checks_it_trained(self) -> bool:
+        return self.kind == LOCAL
+
+    @property
+    def notes_input_end(self) -> bool:
+        return self.kind in (LOCAL, CHIEF) and not self.horovod
+
+    @property
+    def evaluates_when_already_trained(self) -> bool:
+        """Estimator skips training and its evaluation at --train_steps: evaluated here."""
+        return self.writes_run_files and not self.in_cluster
+
+    @property
+    def warm_starts(self) -> bool:
+        """A Horovod rank > 0 gets every variable from rank 0: no warm start of its own."""
+        return not self.horovod_follower
+
+    @property
+    def runs_early_stop_hook(self) -> bool:
+        return self.kind != EVALUATOR
+
+    @property
+    def decides_early_stop(self) -> bool:
+        """Under Horovod rank 0 alone evaluates: its decision is voted to every rank."""
+        return not self.horovod or self.ranks.is_root
+
+    # -- how it stops --------------------------------------------------------------------
+    @property
+    def votes_on_sigterm(self) -> bool:
+        """Every worker takes part in a save (multi_worker_mirrored): they vote to stop at
+        one step, save together and exit 143 (preemption_vote.py)."""
+        return self.strategy.every_worker_saves and self.trains_in_a_group
+
+    @property
+    def saves_on_sigterm(self) -> bool:
+        """Finishes its step and saves, exit 143 (130 on Ctrl-C); the others exit 143 at once
+        with one line (they write no checkpoint)."""
+        return self.kind == LOCAL or self.votes_on_sigterm or (
+            self.kind == CHIEF and not self.strategy.every_worker_saves)
+
+    @property
+    def stops_on_sigint(self) -> bool:
+        """Ctrl-C saves and exits 130 in a local run; a cluster's tasks are stopped by their
+        launcher (which gets the Ctrl-C)."""
+        return self.kind == LOCAL
+
+    @property
+    def names_checkpoint_on_vote(self) -> bool:
+        return self.kind == CHIEF
+
+    @property
+    def writes_checkpoints(self) -> bool:
+        return self.kind in (LOCAL, CHIEF)
+
+    @property
+    def writes_exports(self) -> bool:
+        return self.kind in (LOCAL, EVALUATOR)
+
+    @property
+    def what(self) -> str:
+        """How its one-line stop message names it."""
+        return {PS: "ps task", EVALUATOR: "evaluator"}.get(self.kind, "worker")
+
+    # -- how it describes itself -------------------------------------------------------
+    def where(self, devices: str) -> str:
+        """'chief:0 of 2 worker(s), 1 ps, 1 CPU(s) each', for the run's first line."""
+        if self.horovod:
+            alone = "" if self.ranks.launched else " (not started by a Horovod launcher: one process)"
+            return f"rank {self.ranks.rank} of {self.ranks.size}{alone}, {devices} each"
+        if self.cluster:
+            return (f"{self.kind}:{self.cluster.task_index} of {self.cluster.num_workers} "
+                    f"worker(s), {self.cluster.num_ps} ps, {devices} each")
+        return devices
+
+    @property
+    def task(self) -> str:
+        """'worker:1' for a cluster task (TF_CONFIG's name), else the kind."""
+        return f"{self.kind}:{self.cluster.task_index}" if self.cluster else self.kind
+
+    @property
+    def address(self) -> Optional[str]:
+        """Its own address in TF_CONFIG's cluster."""
+        if not self.cluster:
+            return None
+        return self.cluster.cluster[self.cluster.task_type][self.cluster.task_index]

@@ -23,6 +23,7 @@ import tiny_models
 from conftest import make_config
 from estimator_dist.distribute import horovod as hvd_lib
 from estimator_dist.launch import supervisor as launcher
+from estimator_dist.launch import cluster as cluster_launch
 from estimator_dist.training import plan as plan_lib
 from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
@@ -269,16 +270,16 @@ def test_partial_or_wrong_horovod_environment(environ, message):
 ])
 def test_launcher_and_strategy_must_agree(command, launcher_name, args, message):
     with pytest.raises(UserError, match="^" + message.replace("(", r"\(")):
-        launcher.train_args_for(command, launcher_name, args)
+        cluster_launch.train_args_for(command, launcher_name, args)
 
 
 def test_launcher_shapes_and_flags():
-    assert launcher.train_args_for("cluster", "horovod", ["--model", "x"]) == [
+    assert cluster_launch.train_args_for("cluster", "horovod", ["--model", "x"]) == [
         "--model", "x", "--strategy", "horovod"]
-    assert launcher.train_args_for("cluster", None, ["--strategy", "horovod"]) == [
+    assert cluster_launch.train_args_for("cluster", None, ["--strategy", "horovod"]) == [
         "--strategy", "horovod"]
     with pytest.raises(UserError, match="^--ps 1: Horovod has no parameter servers"):
-        launcher.check_shape(2, 1, "horovod")
+        cluster_launch.check_shape(2, 1, "horovod")
     from estimator_dist.launch import horovod as horovod_launch
 
     with pytest.raises(UserError, match="^--evaluator: under --launcher horovod rank 0 evaluates"):

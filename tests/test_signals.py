@@ -17,6 +17,8 @@ import pytest
 
 from estimator_dist.launch import supervisor as launcher
 
+from estimator_dist.launch import cluster as cluster_launch
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ["--model", "digits", "--batch_size", "32", "--seed", "1"]
 OUTSIDE_THE_RUN = ("SIGTERM outside a training step (starting, connecting to its peers or "
@@ -242,7 +244,7 @@ def test_a_worker_recreated_alone_makes_every_task_exit_retryable_and_the_run_re
             permanent.append(line)
 
     # As the operator does: a dead task is recreated alone, with its TF_CONFIG.
-    supervisor = launcher.Supervisor(launcher.build_tasks(train, 2, 0, False), whole_restart=False,
+    supervisor = launcher.Supervisor(cluster_launch.build_tasks(train, 2, 0, False), whole_restart=False,
                                      max_restarts=12, startup_timeout=120, emit=emit)
     failed = threading.Event()
 

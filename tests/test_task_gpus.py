@@ -10,6 +10,7 @@ import yaml
 
 from conftest import REPO, run_cli
 from estimator_dist.launch import supervisor as launcher
+from estimator_dist.launch import cluster as cluster_launch
 from estimator_dist.launch import task_gpus
 from estimator_dist.errors import UserError
 
@@ -50,12 +51,12 @@ def test_visible_gpus_come_from_the_environment_or_the_device_files(tmp_path):
 
 
 def test_every_task_starts_with_its_own_cuda_visible_devices():
-    tasks = launcher.build_tasks(["--strategy", "multi_worker_mirrored", "--num_devices", "2"],
+    tasks = cluster_launch.build_tasks(["--strategy", "multi_worker_mirrored", "--num_devices", "2"],
                                  workers=2, ps=0, evaluator=True, gpus=["4", "5", "6", "7"])
     assert {t.name: t.env for t in tasks} == {
         "chief:0": {"CUDA_VISIBLE_DEVICES": "4,5"}, "worker:0": {"CUDA_VISIBLE_DEVICES": "6,7"},
         "evaluator:0": {"CUDA_VISIBLE_DEVICES": ""}}
-    cpu = launcher.build_tasks(["--strategy", "multi_worker_mirrored"], workers=2, ps=0,
+    cpu = cluster_launch.build_tasks(["--strategy", "multi_worker_mirrored"], workers=2, ps=0,
                                evaluator=False, gpus=[])
     assert all(t.env == {} for t in cpu)  # a CPU machine's tasks start as before
 

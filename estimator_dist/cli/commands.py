@@ -2,6 +2,7 @@
 import os
 import sys
 
+from estimator_dist.distribute import specs
 from estimator_dist.training import checkpoints
 from estimator_dist.training import config as config_lib
 from estimator_dist.serving import export as export_lib
@@ -102,7 +103,7 @@ def list_registered(args):
 def checked_train_args(args, default_strategy=None) -> list:
     """The pass-through train flags, with --strategy made explicit (default_strategy, else
     the cluster's), validated before any launch."""
-    from estimator_dist.launch import supervisor as launcher
+    from estimator_dist.launch import cluster as launcher
     from estimator_dist.cli.main import build_parser
 
     train_args = launcher.train_args_for(args.command, getattr(args, "launcher", None),
@@ -135,7 +136,7 @@ def pass_through_parser(parser, command: str):
 def check_evaluations(config, evaluator: bool):
     """In a TF_CONFIG cluster only the evaluator task evaluates while training runs: without
     one, --early_stop and --export best would have no evaluations to go on."""
-    if evaluator or config.distribute.strategy == "horovod":
+    if evaluator or specs.is_horovod(config.distribute.strategy):
         return
     t = config.train
     needs = f"--early_stop {t.early_stop}" if t.early_stop else \
@@ -146,7 +147,7 @@ def check_evaluations(config, evaluator: bool):
 
 
 def cluster(args):
-    from estimator_dist.launch import supervisor as launcher
+    from estimator_dist.launch import cluster as launcher
 
     train_args, _ = checked_train_args(args)
     return launcher.launch(train_args, args.workers, args.ps, args.evaluator, args.max_restarts,

@@ -19,12 +19,7 @@ import tensorflow as tf
 from estimator_dist.distribute import devices as devices_lib
 from estimator_dist.errors import UserError
 
-INSTALL = ("install it with `make horovod` or `HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 "
-           "HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 "
-           "HOROVOD_CPU_OPERATIONS=gloo pip install --no-build-isolation horovod==0.28.1` "
-           "(TensorFlow first), or choose another --strategy")
-RANK_VARIABLES = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
-RENDEZVOUS = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
+from estimator_dist.distribute.horovod_setup import INSTALL, RANK_VARIABLES, RENDEZVOUS, not_installed  # noqa: F401,E501
 
 
 @dataclass(frozen=True)
@@ -48,7 +43,7 @@ def require():
         import horovod.tensorflow as hvd
     except ModuleNotFoundError as e:
         if (e.name or "horovod").split(".")[0] == "horovod":
-            raise UserError(f"--strategy horovod: Horovod is not installed; {INSTALL}") from None
+            raise not_installed() from None
         raise UserError(f"--strategy horovod: Horovod needs the module '{e.name}'; pip install "
                         f"{e.name} (or reinstall Horovod: {INSTALL})") from None
     except Exception as e:  # noqa: BLE001 - a build without TF, or against another TF: any error

@@ -10,6 +10,8 @@ from typing import Callable, Dict, Tuple
 from estimator_dist.errors import UserError
 
 
+# StrategySpec.restarts
+RESTART_TASK, RESTART_CLUSTER = "task", "cluster"
 # StrategySpec.wraps_model_fn
 TOWERS = "towers"
 HOROVOD_OPTIMIZER = "horovod_optimizer"
@@ -40,7 +42,7 @@ class StrategySpec:
     every_worker_saves: bool = False  # each worker writes checkpoints (MWMS), not the chief alone
     # What the local launcher restarts when a task dies: "task" (that one) or "cluster"
     # (every task: the collective ops of the survivors cannot take a new peer).
-    restarts: str = "task"
+    restarts: str = RESTART_TASK  # or RESTART_CLUSTER
     variable_device_flag: bool = False  # --variable_device applies
     pins_own_gpu: bool = False  # sets its devices itself (one GPU per Horovod rank)
 
@@ -64,7 +66,7 @@ SPECS: Dict[str, StrategySpec] = {s.name: s for s in (
                  accumulates=True, variable_device_flag=True),
     StrategySpec("multi_worker_mirrored", processes="tf_config",
                  in_graph_replicas=True, compressions=("fp16", "bf16"),
-                 every_worker_saves=True, restarts="cluster"),
+                 every_worker_saves=True, restarts=RESTART_CLUSTER),
     StrategySpec("parameter_server", processes="tf_config",
                  in_graph_replicas=True),
     # Horovod's all-reduce compresses to float16 only (hvd.Compression.fp16).
@@ -75,7 +77,7 @@ SPECS: Dict[str, StrategySpec] = {s.name: s for s in (
 # The strategy a local TF_CONFIG cluster runs when none is named: asynchronous
 # between-graph training with ps tasks, else synchronous all-reduce.
 CLUSTER_DEFAULT = {True: "parameter_server", False: "multi_worker_mirrored"}
-# The strategy of a Horovod launch.
+# The strategy of a Horovod launch (`cluster --launcher horovod`).
 HOROVOD = "horovod"
 # The one-process strategy a TFJob with one replica runs (a one-task TF_CONFIG cluster
 # is refused by TF's cluster strategies).
@@ -102,3 +104,18 @@ def spec(name: str) -> StrategySpec:
 def with_feature(test: Callable[[StrategySpec], bool]) -> Tuple[str, ...]:
     """The strategies whose entry passes `test`, for the lines that list what works."""
     return tuple(name for name, s in SPECS.items() if test(s))
+
+
+def is_horovod(name) -> bool:
+    """A --strategy (or None, or an unknown name: False) that runs Horovod ranks."""
+    return name in SPECS and SPECS[name].uses_horovod
+
+
+def restarts_whole_cluster(name) -> bool:
+    """A local cluster restarts every task when one of this strategy's tasks dies."""
+    return name in SPECS and SPECS[name].restarts == RESTART_CLUSTER
+
+
+def tf_config_strategies() -> Tuple[str, ...]:
+    """The strategies that span a TF_CONFIG cluster."""
+    return with_feature(lambda s: s.needs_tf_config)

@@ -13,11 +13,12 @@ import socket
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional
 
+from estimator_dist.distribute import specs
 from estimator_dist.errors import UserError
 
 TF_CONFIG = "TF_CONFIG"
 ROLES = ("chief", "worker", "ps", "evaluator")
-CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+CLUSTER_STRATEGIES = specs.tf_config_strategies()
 NOTE = " (TF_CONFIG environment variable)"
 RPC_LAYERS = ("grpc",)
 

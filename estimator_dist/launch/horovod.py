@@ -13,9 +13,10 @@ import sys
 import threading
 from typing import List, Set, Tuple
 
-from estimator_dist.distribute import horovod as hvd_lib
+from estimator_dist.distribute import horovod_setup
 from estimator_dist.launch import supervisor as launcher
 from estimator_dist.errors import UserError
+from estimator_dist.training import roles
 
 HOST = "localhost"  # the host name the ranks and the rendezvous agree on
 WORKERS_EXIT_TIMEOUT = 60.0
@@ -101,7 +102,7 @@ def build_tasks(train_args: List[str], rendezvous: Rendezvous, iface: str,
     argv = [python, "-m", "estimator_dist", "train"] + list(train_args)
     return [launcher.Task(f"rank:{r}", argv, tf_config="", env=rendezvous.rank_env(r, iface),
                           ready=lambda r=r: rendezvous.reached(r),
-                          kind="chief" if r == 0 else "worker")
+                          kind=roles.horovod_task_kind(r))
             for r in range(rendezvous.size)]
 
 
@@ -111,7 +112,7 @@ def launch(train_args: List[str], workers: int, evaluator: bool, max_restarts: i
     if evaluator:
         raise UserError("--evaluator: under --launcher horovod rank 0 evaluates and exports; "
                         "drop --evaluator")
-    hvd_lib.require()
+    horovod_setup.require_installed()
     rendezvous = Rendezvous(workers)
     iface = loopback_interface()
 

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from estimator_dist.launch import task_gpus
-from estimator_dist.errors import EXIT_NON_FINITE, EXIT_STORAGE, EXIT_USER, UserError
+from estimator_dist.errors import EXIT_NON_FINITE, EXIT_STORAGE, EXIT_USER
+from estimator_dist.training import roles
 
 LOOPBACK = "127.0.0.1"
 EXIT_CLUSTER_FAILED = 3
@@ -90,8 +90,8 @@ class Task:
     """One process of the cluster.
 
     A Horovod rank has no port of its own: `ready` says when it reached the
-    rendezvous, `kind` is its role (chief for rank 0, else worker) and `env`
-    holds its HOROVOD_* variables.
+    rendezvous, `kind` is its role (roles.horovod_task_kind: chief for rank 0, else
+    worker) and `env` holds its HOROVOD_* variables.
     """
 
     name: str
@@ -108,7 +108,12 @@ class Task:
 
     @property
     def role(self) -> str:
-        return self.kind or self.name.split(":")[0]
+        return self.kind or roles.task_type(self.name)
+
+    @property
+    def does(self) -> roles.TaskKind:
+        """What this kind of task does (roles.TASK_KINDS)."""
+        return roles.TASK_KINDS[self.role]
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -177,11 +182,11 @@ class Supervisor:
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=lambda: die_with_parent(parent))
         task.started_at = time.monotonic()
-        task.up = (task.port is None and task.ready is None) or task.role == "evaluator"
+        task.up = (task.port is None and task.ready is None) or not task.does.listens
         task.reader = threading.Thread(target=self._pump, args=(task, task.process.stdout), daemon=True)
         task.reader.start()
         self.say(f"started {task.name} pid {task.process.pid}"
-                 + (f" on {LOOPBACK}:{task.port}" if task.port and task.role != "evaluator" else ""))
+                 + (f" on {LOOPBACK}:{task.port}" if task.port and task.does.listens else ""))
 
     def stop_tasks(self, tasks: List[Task]):
         """SIGTERM to every task at once, SIGKILL to those alive STOP_GRACE_SECONDS later; by
@@ -190,8 +195,8 @@ class Supervisor:
         (checkpoints are the chief's): it is killed once the others are gone, since the
         chief's final save reads the variables it holds."""
         alive = [t for t in tasks if t.process is not None and t.process.poll() is None]
-        servers = [t.process for t in alive if t.role == "ps"]
-        others = [t.process for t in alive if t.role != "ps"]
+        servers = [t.process for t in alive if t.does.serves_forever]
+        others = [t.process for t in alive if not t.does.serves_forever]
         for proc in others:
             proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_SECONDS
@@ -234,7 +239,7 @@ class Supervisor:
             raise ClusterFailed(f"{task.name} exited with code {code} and --max_restarts "
                                 f"{self.max_restarts} is used up")
         self.restarts += 1
-        if self.whole_restart or task.role == "ps" or (task.role == "chief" and self.relaunch):
+        if self.whole_restart or task.does.serves_forever or (task.does.chief and self.relaunch):
             self.say(f"{task.name} exited with code {code}; restarting the whole cluster from the "
                      f"last checkpoint (restart {self.restarts}/{self.max_restarts})")
             self.stop_all()
@@ -249,7 +254,7 @@ class Supervisor:
     def _workers_ended_cleanly(self) -> bool:
         """Wait for the workers to exit by themselves; False if one failed or had to be stopped."""
         deadline = time.monotonic() + self.workers_exit_timeout
-        workers = [t for t in self.tasks if t.role == "worker"]
+        workers = [t for t in self.tasks if t.does.trains and not t.does.chief]
         while time.monotonic() < deadline and any(t.process.poll() is None for t in workers):
             time.sleep(POLL_SECONDS)
         clean = True
@@ -267,7 +272,7 @@ class Supervisor:
         if self.workers_exit_timeout and not self._workers_ended_cleanly():
             self.stop_all()
             return EXIT_CLUSTER_FAILED
-        evaluator = next((t for t in self.tasks if t.role == "evaluator"), None)
+        evaluator = next((t for t in self.tasks if t.does.evaluates), None)
         if evaluator and evaluator.process.poll() is None:
             self.say("chief finished; waiting for the evaluator's final evaluation and export")
             deadline = time.monotonic() + self.final_eval_timeout
@@ -300,7 +305,7 @@ class Supervisor:
                     if code is None:
                         self._check_startup(task)
                         continue
-                    if task.role == "chief":
+                    if task.does.chief:
                         if code == 0:
                             return self._finish(task)
                         if code in PERMANENT:
@@ -308,7 +313,7 @@ class Supervisor:
                             return code
                         self._restart(task, code)
                         break
-                    if code == 0 and task.role in ("worker", "evaluator"):
+                    if code == 0 and task.does.ends_before_chief:
                         continue  # finished its part
                     if code in PERMANENT:
                         self.stop_all()
@@ -329,64 +334,6 @@ class Supervisor:
 
 class ClusterFailed(Exception):
     """The cluster cannot finish: a task never came up, or restarts are used up."""
-
-
-def cluster_strategy(strategy: Optional[str], ps: int) -> str:
-    """The strategy the tasks run: given, or parameter_server with ps tasks, else MWMS."""
-    if strategy:
-        return strategy
-    return "parameter_server" if ps else "multi_worker_mirrored"
-
-
-def check_shape(workers: int, ps: int, strategy: str):
-    if workers < 1:
-        raise UserError(f"--workers {workers}: must be >= 1 (it counts the chief)")
-    if ps < 0:
-        raise UserError(f"--ps {ps}: must be >= 0")
-    if strategy == "horovod":
-        if ps:
-            raise UserError(f"--ps {ps}: Horovod has no parameter servers (every rank all-reduces "
-                            f"its gradients); drop --ps")
-        return
-    from estimator_dist.distribute import tf_config as cluster
-
-    names = task_names(workers, ps, False)
-    # The chief's TF_CONFIG only: every task's grows with the square of the task count
-    # (--workers 100000 ran for minutes here). Stand-in ports, valid whatever the count.
-    ports = [1 + i % 65535 for i in range(len(names))]
-    spec = cluster.parse(make_tf_configs(names, ports, only="chief:0")["chief:0"])
-    cluster.check_strategy(spec, strategy, flags=True)
-
-
-def build_tasks(train_args: List[str], workers: int, ps: int, evaluator: bool,
-                python: str = sys.executable, gpus: Optional[List[str]] = None,
-                evaluator_gpus: int = 0) -> List[Task]:
-    """The tasks, each with its TF_CONFIG, port and GPUs (task_gpus.py; `gpus`: the ids to
-    hand out, default the machine's)."""
-    names = task_names(workers, ps, evaluator)
-    shares = task_gpus.assign(names, task_gpus.visible_gpus() if gpus is None else gpus,
-                              _int_flag_in(train_args, "--num_devices"), evaluator_gpus)
-    ports = free_ports(len(names))
-    configs = make_tf_configs(names, ports)
-    argv = [python, "-m", "estimator_dist", "train"] + list(train_args)
-    return [Task(name, argv, configs[name], port,
-                 env={"CUDA_VISIBLE_DEVICES": shares[name]} if shares else {})
-            for name, port in zip(names, ports)]
-
-
-def _int_flag_in(train_args: List[str], flag: str) -> int:
-    """An integer train flag's value (the last given), 0 when absent or not a number (the
-    train command refuses that itself)."""
-    found = "0"
-    for i, arg in enumerate(train_args):
-        if arg == flag and i + 1 < len(train_args):
-            found = train_args[i + 1]
-        elif arg.startswith(flag + "="):
-            found = arg.split("=", 1)[1]
-    try:
-        return int(found)
-    except ValueError:
-        return 0
 
 
 class Interrupted(KeyboardInterrupt):
@@ -424,80 +371,3 @@ def _is_open(fd: int) -> bool:
         return True
     except OSError:
         return False
-
-
-def launch(train_args: List[str], workers: int, ps: int, evaluator: bool, max_restarts: int,
-           startup_timeout: float, emit=print, evaluator_gpus: int = 0) -> int:
-    """Run the cluster to completion; returns the chief's exit code (or 3 / 130).
-
-    `--strategy horovod` in train_args runs Horovod ranks instead (horovod_launch.py).
-    """
-    strategy = _strategy_in(train_args)
-    check_shape(workers, ps, strategy)
-    if max_restarts < 0:
-        raise UserError(f"--max_restarts {max_restarts}: must be >= 0")
-    if not 0 < startup_timeout < float("inf"):  # NaN fails too
-        raise UserError(f"--startup_timeout {startup_timeout}: must be a number of seconds > 0")
-    tasks = workers + ps + int(evaluator)
-    if tasks > MAX_LOCAL_TASKS:
-        raise UserError(f"--workers {workers} --ps {ps}: {tasks} tasks, each a TensorFlow process "
-                        f"on this machine; at most {MAX_LOCAL_TASKS} (use a TFJob for more)")
-    if strategy == "horovod":
-        from estimator_dist.launch import horovod as horovod_launch
-
-        if evaluator_gpus:
-            raise UserError(f"--evaluator_gpus {evaluator_gpus}: Horovod has no evaluator task "
-                            f"(rank 0 evaluates on its own GPU); drop it")
-
-        return horovod_launch.launch(train_args, workers, evaluator, max_restarts,
-                                     startup_timeout, emit)
-
-    def fresh():
-        return build_tasks(train_args, workers, ps, evaluator, evaluator_gpus=evaluator_gpus)
-
-    fresh()  # refuses a GPU split that cannot work before any task starts
-
-    supervisor = Supervisor(fresh(), whole_restart=strategy == "multi_worker_mirrored",
-                            max_restarts=max_restarts, startup_timeout=startup_timeout,
-                            emit=emit, relaunch=fresh)
-    install_signal_handlers()
-    return supervisor.run()
-
-
-def train_args_for(command: str, launcher: Optional[str], train_args: List[str]) -> List[str]:
-    """The train flags of `cluster`/`tfjob`: --launcher horovod means --strategy horovod.
-
-    The launcher follows the strategy: `--strategy horovod` alone runs Horovod
-    ranks too; a launcher that contradicts the strategy is an error. A `--` before
-    them (`cluster --workers 2 -- --model digits`) only separates them.
-    """
-    train_args = list(train_args)
-    if "--" in train_args:
-        train_args.remove("--")
-    strategy = _strategy_in(train_args, required=False)
-    if command == "tfjob" and strategy == "horovod":
-        raise UserError("tfjob --strategy horovod: a TFJob runs TF_CONFIG tasks; run Horovod "
-                        "ranks with 'estimator-dist cluster --launcher horovod' (on Kubernetes, "
-                        "Kubeflow's MPIJob runs horovodrun)")
-    if launcher == "horovod" and strategy not in (None, "horovod"):
-        raise UserError(f"--launcher horovod runs --strategy horovod, got --strategy {strategy}; "
-                        f"drop --strategy or use --launcher tf_config")
-    if launcher == "tf_config" and strategy == "horovod":
-        raise UserError("--launcher tf_config --strategy horovod: Horovod ranks are started by "
-                        "--launcher horovod; drop --launcher tf_config")
-    if launcher == "horovod" and strategy is None:
-        return train_args + ["--strategy", "horovod"]
-    return train_args
-
-
-def _strategy_in(train_args: List[str], required: bool = True) -> Optional[str]:
-    """The train flags' --strategy; the last one given, as the train command reads it."""
-    found = None
-    for i, arg in enumerate(train_args):
-        if arg == "--strategy" and i + 1 < len(train_args):
-            found = train_args[i + 1]
-        elif arg.startswith("--strategy="):
-            found = arg.split("=", 1)[1]
-    if found is not None or not required:
-        return found
-    raise UserError("the cluster launcher needs --strategy in the train flags")

@@ -12,8 +12,7 @@ import re
 from typing import Dict, List, Mapping, Sequence
 
 from estimator_dist.errors import UserError
-
-TRAINING_ROLES = ("chief", "worker")
+from estimator_dist.training import roles
 
 
 def visible_gpus(environ: Mapping[str, str] = os.environ, dev_dir: str = "/dev") -> List[str]:
@@ -39,8 +38,8 @@ def assign(names: Sequence[str], gpus: Sequence[str], num_devices: int,
             raise UserError(f"--evaluator_gpus {evaluator_gpus}: this machine has no GPU; "
                             f"leave it out")
         return {}
-    training = [n for n in names if n.split(":")[0] in TRAINING_ROLES]
-    has_evaluator = any(n.split(":")[0] == "evaluator" for n in names)
+    training = [n for n in names if roles.task_kind(n).trains]
+    has_evaluator = any(roles.task_kind(n).evaluates for n in names)
     if evaluator_gpus and not has_evaluator:
         raise UserError(f"--evaluator_gpus {evaluator_gpus}: there is no evaluator task; add "
                         f"--evaluator or leave it out")
@@ -54,7 +53,7 @@ def assign(names: Sequence[str], gpus: Sequence[str], num_devices: int,
     free = iter(gpus)
     out = {}
     for name in names:
-        role = name.split(":")[0]
-        count = per_task if role in TRAINING_ROLES else evaluator_gpus if role == "evaluator" else 0
+        kind = roles.task_kind(name)
+        count = per_task if kind.trains else evaluator_gpus if kind.evaluates else 0
         out[name] = ",".join(next(free) for _ in range(count))
     return out

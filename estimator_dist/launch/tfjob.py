@@ -14,7 +14,8 @@ from typing import Any, Dict, List
 import yaml
 
 from estimator_dist.errors import UserError
-from estimator_dist.launch.supervisor import check_shape
+from estimator_dist.distribute import specs
+from estimator_dist.launch.cluster import _strategy_in, check_shape
 
 DEFAULT_MOUNT_PATH = "/mnt/estimator-dist"
 
@@ -27,7 +28,7 @@ LABEL_MAX = 63
 # Paths TensorFlow's file system reaches from every pod alike.
 REMOTE_PREFIXES = ("gs://", "s3://", "hdfs://")
 # The strategy of a job of one replica: it gets no TF_CONFIG, so it runs on one machine.
-ONE_REPLICA_STRATEGY = "mirrored"
+ONE_REPLICA_STRATEGY = specs.ONE_PROCESS_MULTI_DEVICE
 GPU_RESOURCE = "nvidia.com/gpu"  # NVIDIA's device plugin
 # A container image reference, as Docker's reference grammar has it (distribution/reference).
 _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
@@ -148,9 +149,9 @@ def check_service_names(name: str, workers: int, ps: int, evaluator: bool):
 def check_one_replica(workers: int, ps: int, evaluator: bool, strategy: str):
     """A job of one replica gets no TF_CONFIG from the operator: a cluster strategy there
     exits 2 in its pod ("needs TF_CONFIG") and fails the job."""
-    from estimator_dist.distribute.tf_config import CLUSTER_STRATEGIES
 
-    if sum(replica_counts(workers, ps, evaluator).values()) == 1 and strategy in CLUSTER_STRATEGIES:
+    if sum(replica_counts(workers, ps, evaluator).values()) == 1 and \
+            strategy in specs.tf_config_strategies():
         raise UserError(f"--strategy {strategy} with --workers 1 and no --ps or --evaluator: the "
                         f"TFJob operator gives a job of one replica no TF_CONFIG, so its pod "
                         f"would exit 2; use --strategy {ONE_REPLICA_STRATEGY} (every GPU of the "
@@ -213,8 +214,6 @@ def check_shared_model_dir(model_dir: str, pvc: str, mount_path: str, replicas: 
 
 
 def _strategy(train_args: List[str]) -> str:
-    from estimator_dist.launch.supervisor import _strategy_in
-
     return _strategy_in(train_args)
 
 

@@ -30,34 +30,32 @@ EVALUATE_LOOP = "evaluate_loop"  # the evaluator task (evaluator.py)
 
 @dataclass(frozen=True)
 class TaskKind:
-    """What the local launcher needs to know about a TF_CONFIG task type."""
+    """What the local launcher (and the GPU split) needs to know about a task's kind."""
 
-    trains: bool  # chief and workers: take training steps (and GPUs)
-    listens: bool  # has a port in TF_CONFIG's cluster (the evaluator has none)
-    serves_forever: bool  # a parameter server: never exits by itself, stopped by the launcher
-    restart_rebuilds_cluster: bool  # its restart needs every other task restarted too
+    chief: bool = False  # its exit ends the run; its restart rebuilds the cluster
+    trains: bool = False  # takes training steps (and gets the training GPUs)
+    listens: bool = True  # has a port in TF_CONFIG's cluster (the evaluator has none)
+    serves_forever: bool = False  # a ps: never exits by itself; stopped after the others
+    ends_before_chief: bool = False  # exit 0 means its part is done (a worker, the evaluator)
+    evaluates: bool = False  # the chief's end waits for its final evaluation and export
 
 
 TASK_KINDS = {
-    CHIEF: TaskKind(trains=True, listens=True, serves_forever=False, restart_rebuilds_cluster=False),
-    WORKER: TaskKind(trains=True, listens=True, serves_forever=False, restart_rebuilds_cluster=False),
-    PS: TaskKind(trains=False, listens=True, serves_forever=True, restart_rebuilds_cluster=True),
-    EVALUATOR: TaskKind(trains=False, listens=False, serves_forever=False,
-                        restart_rebuilds_cluster=False),
+    CHIEF: TaskKind(chief=True, trains=True),
+    WORKER: TaskKind(trains=True, ends_before_chief=True),
+    PS: TaskKind(serves_forever=True),
+    EVALUATOR: TaskKind(listens=False, ends_before_chief=True, evaluates=True),
 }
+
+
+def task_type(task_name: str) -> str:
+    """'worker' of a launcher task named 'worker:1'."""
+    return task_name.split(":")[0]
 
 
 def task_kind(task_name: str) -> TaskKind:
     """The kind of a launcher task named 'type:index' (e.g. worker:1)."""
-    return TASK_KINDS[task_name.split(":")[0]]
-
-
-def is_chief_task(task_name: str) -> bool:
-    return task_name.split(":")[0] == CHIEF
-
-
-def is_evaluator_task(task_name: str) -> bool:
-    return task_name.split(":")[0] == EVALUATOR
+    return TASK_KINDS[task_type(task_name)]
 
 
 def horovod_task_kind(rank: int) -> str:

@@ -28,5 +28,5 @@ setup(
     packages=find_packages(include=["estimator_dist*", "model_fns*", "input_fns*"]),
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": ["pytest>=7", "pytest-timeout>=2.1"]},
-    entry_points={"console_scripts": ["estimator-dist=estimator_dist.cli:main"]},
+    entry_points={"console_scripts": ["estimator-dist=estimator_dist.cli.main:main"]},
 )

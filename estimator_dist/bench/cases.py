@@ -3,7 +3,8 @@
 A case is given a JSON spec (see bench.py) and trains one model on one kind of
 driver, in the bursts of steps the bench asks for (bench_runner.py):
 
-- `project`: the `estimator-dist train` command line, run in this process;
+- `project`: what the `estimator-dist train` command line runs, in this process
+  (train flags -> Config -> training.run.train, with the clock as an extra hook);
 - `plain`: a hand-written `tf.estimator.Estimator` over the same model_fn and
   input, with no project code around it (RunConfig defaults; at N > 1 only what
   MirroredStrategy over logical CPUs needs: `device_count` and the strategy);
@@ -18,7 +19,7 @@ turns them into GLOBAL examples/sec. On "quit" the case leaves at once: what
 follows training (the final checkpoint, evaluation, export) is not measured.
 
 Registering here, on import, the bench's MLP (`bench_mlp`) and the in-memory
-input (`bench_memory`): the project case loads this module with `--import`.
+input (`bench_memory`): the project case runs in this module, so they are registered.
 """
 import json
 import math
@@ -205,26 +206,44 @@ class ClockCallback(tf.keras.callbacks.Callback):
 
 
 def run_project(spec, clock: Clock):
-    """`estimator-dist train ...` in this process, with the clock hook added to Estimator.train.
+    """What `estimator-dist train ...` runs, in this process, with the clock hook added to
+    training's hooks (train's extra_hooks; a Horovod rank > 0 gets them too).
 
-    (train_and_evaluate trains through Estimator.train; so does a Horovod rank > 0.)
+    The flags become a Config through training/flags.py, not the CLI; this module's
+    models and inputs are registered already (it is running). Returns the exit code the
+    command would: 0 when training ended, a reported error's code after its one line.
     """
-    from estimator_dist.cli import main as cli
+    from estimator_dist import errors
+    from estimator_dist import quiet
+    from estimator_dist.guards import preemption
+    from estimator_dist.guards import storage
+    from estimator_dist.training import checkpoints
+    from estimator_dist.training import flags
+    from estimator_dist.training import plan as plan_lib
+    from estimator_dist.training import run as runner
 
-    train = tf.estimator.Estimator.train
-
-    def timed(self, input_fn, hooks=None, **kwargs):
-        return train(self, input_fn, hooks=list(hooks or []) + [ClockHook(clock)], **kwargs)
-
-    tf.estimator.Estimator.train = timed
-    argv = ["train", "--model", spec["model"], "--input", spec["input"],
+    argv = ["--model", spec["model"], "--input", spec["input"],
             "--strategy", spec["strategy"], "--num_devices", str(spec["num_devices"]),
             "--batch_size", str(spec["global_batch"]), "--train_steps", str(spec["train_steps"]),
-            "--model_dir", spec["model_dir"], "--export", "none", "--eval_steps", "1",
-            "--import", "estimator_dist.bench.cases"] + list(spec.get("extra_args", ()))
+            "--model_dir", spec["model_dir"], "--export", "none", "--eval_steps", "1"] + \
+        list(spec.get("extra_args", ()))
     if spec.get("data_dir"):
         argv += ["--data_dir", spec["data_dir"]]
-    return cli.main(argv)
+    storage.forbid_world_writable()
+    try:
+        with preemption.exit_on_sigterm(preemption.outside_the_run):
+            args = flags.parse_train_args(argv)
+            quiet.configure(args.verbose)
+            config = flags.config_from_args(args)
+            checkpoints.check_same_model(plan_lib.default_model_dir(config), config.model)
+            runner.train(config, extra_hooks=[ClockHook(clock)])
+    except errors.ReportedError as e:
+        print(f"estimator-dist: {e.label}: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("estimator-dist: interrupted", file=sys.stderr)
+        return errors.EXIT_INTERRUPTED
+    return errors.EXIT_OK
 
 
 def plain_params(spec, replicas: int):

@@ -1,4 +1,1 @@
-"""Command line: argv -> config -> one call; exit codes."""
-from estimator_dist.cli.main import main
-
-__all__ = ["main"]
+"""Command line: argv -> config -> one call; exit codes (the entry point is cli.main.main)."""

@@ -11,24 +11,10 @@ from estimator_dist.guards import preemption
 from estimator_dist.training import user_code
 from estimator_dist.training import plan as plan_lib
 from estimator_dist.training import run as runner
+from estimator_dist.training.flags import config_from_args
 from estimator_dist.guards import storage
-from estimator_dist.cli.main import TRAIN_FLAGS
 from estimator_dist.errors import UserError
 from estimator_dist.training.registry import INPUTS, MODELS
-
-
-def config_from_args(args) -> config_lib.Config:
-    """Config file + flags + --set, strictly, after registering built-ins and --import modules."""
-    user_code.load_builtins()
-    file_data = config_lib.load_yaml(args.config) if args.config else {}
-    config_lib.check_top_level(file_data)
-    imports = tuple(file_data.get("imports") or ()) + tuple(args.imports)
-    user_code.import_user_modules(imports)
-    model = args.model or file_data.get("model") or "digits"
-    entry = MODELS.get(model)
-    flags = {name: getattr(args, name) for name in TRAIN_FLAGS}
-    return config_lib.build_config(model, file_data, flags, entry.run_defaults, entry.hparams,
-                                   tuple(args.overrides), imports)
 
 
 def saved_config(model_dir: str, **flags):

@@ -1,4 +1,5 @@
-"""Run configuration: frozen dataclasses, strict YAML / flag / --set overrides.
+"""Run configuration: strict YAML / flag / --set overrides onto the frozen dataclasses
+(config_schema.py), and the checks of the result.
 
 Precedence, lowest first: dataclass defaults, the model's registered
 run_defaults, the YAML file (--config), command-line flags, then --set for hparams.
@@ -7,122 +8,26 @@ import dataclasses
 import difflib
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from types import MappingProxyType
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Tuple
 
 import yaml
 
 from estimator_dist import files
 from estimator_dist.errors import UserError
+# The dataclasses and the config files have modules of their own; config_lib.X names them all.
+from estimator_dist.training.config_schema import (  # noqa: F401 - re-exported
+    MAX_READER_NICE, MAX_SEED, NO_READER_NICE, NO_SEED, SECTIONS, TOP_LEVEL, ComputeConfig,
+    Config, DataConfig, DistributeConfig, TrainConfig, field_types, flag_names)
+from estimator_dist.training.config_yaml import (  # noqa: F401 - re-exported
+    CONFIG_FILE, load_saved, load_yaml, save)
 
-CONFIG_FILE = "config.yaml"
 EXPORT_MODES = ("latest", "best", "final", "none")
 VARIABLE_DEVICES = ("cpu", "device0")
 MIXED_PRECISION = ("none", "bfloat16")
 GRADIENT_COMPRESSION = ("none", "fp16", "bf16")  # compression.SETTINGS
-MAX_READER_NICE = 19
-# DataConfig.reader_nice when the run does not set it: an input with reader threads uses
-# reader_priority.DEFAULT_NICE (19); one without them refuses only a value that was given.
-NO_READER_NICE = -1
-# TensorFlow reduces a graph-level seed modulo 2**31 - 1 (random_seed._truncate_seed), so a
-# larger one would silently alias a smaller one; -1 is TrainConfig's "no seed".
-MAX_SEED = 2**31 - 2
-NO_SEED = -1
 MAX_STEPS = 2**63 - 1  # the global step is an int64
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Where the examples come from."""
-
-    input: str = ""
-    data_dir: str = ""
-    data_path: str = ""
-    label_column: str = ""
-    synthetic: bool = False
-    reader_nice: int = NO_READER_NICE  # not given: reader_priority.DEFAULT_NICE
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """How long and how to train, checkpoint, evaluate and export."""
-
-    batch_size: int = 64
-    train_steps: int = 1000
-    eval_steps: int = 0
-    eval_every: int = 0
-    save_checkpoints_steps: int = 0
-    keep_checkpoint_max: int = 5
-    seed: int = NO_SEED
-    export: str = "final"
-    best_metric: str = "loss"
-    higher_is_better: bool = False
-    eval_every_secs: int = 0
-    early_stop: str = ""
-    patience: int = 3
-    min_delta: float = 0.0
-    warm_start_from: str = ""
-    warm_start_vars: str = ".*"
-    model_dir: str = ""
-    summary_json: str = ""
-    weights_check_steps: int = 3
-
-
-@dataclass(frozen=True)
-class DistributeConfig:
-    """Which strategy, how many devices, where tower variables live, micro-batches per update,
-    the type gradients are all-reduced in."""
-
-    strategy: str = "none"
-    num_devices: int = 0
-    variable_device: str = "cpu"
-    accumulate_steps: int = 1
-    scale_lr: bool = False
-    gradient_compression: str = "none"
-
-
-@dataclass(frozen=True)
-class ComputeConfig:
-    """How each step computes: XLA compilation, bfloat16 mixed precision."""
-
-    jit: bool = False
-    mixed_precision: str = "none"
-
-
-SECTIONS = {"data": DataConfig, "train": TrainConfig, "distribute": DistributeConfig,
-            "compute": ComputeConfig}
-TOP_LEVEL = ("model", "imports", "hparams") + tuple(SECTIONS)
-
-
-@dataclass(frozen=True)
-class Config:
-    """Everything a run needs; `hparams` are the model's, after overrides."""
-
-    model: str = "digits"
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    distribute: DistributeConfig = field(default_factory=DistributeConfig)
-    compute: ComputeConfig = field(default_factory=ComputeConfig)
-    hparams: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    imports: Tuple[str, ...] = ()
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {
-            "model": self.model,
-            "imports": list(self.imports),
-            **{name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS},
-            "hparams": dict(self.hparams),
-        }
-
-
-def field_types(cls) -> Dict[str, type]:
-    return {f.name: f.type if isinstance(f.type, type) else eval(f.type) for f in fields(cls)}  # noqa: S307
-
-
-def flag_names() -> Dict[str, str]:
-    """Flag name -> section, for every field of every section (names are unique)."""
-    return {f.name: section for section, cls in SECTIONS.items() for f in fields(cls)}
 
 
 def _unknown_key(key, valid, where):
@@ -177,64 +82,6 @@ def parse_scalar(key, text, expected):
     article = "an" if name[0] in "aeiou" else "a"
     raise UserError(f"--set {key}={text}: '{key}' takes {article} {name} "
                     f"(its default is of that type); fix the value")
-
-
-class _DuplicateKey(yaml.YAMLError):
-    pass
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last)."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            first_line = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue  # '<<: *base' then a key of its own is an override, not a duplicate
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    seen = first_line.get(key)
-                except TypeError:
-                    continue  # unhashable: SafeLoader's own error follows
-                line = key_node.start_mark.line + 1
-                if seen is not None:
-                    raise _DuplicateKey(f"line {line}: the key '{key}' is given twice (first on "
-                                        f"line {seen}); YAML would keep only the last, so remove "
-                                        f"one")
-                first_line[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-def load_yaml(path: str) -> Dict[str, Any]:
-    """Read a config file; a malformed one is a UserError naming the file and line."""
-    if os.path.isdir(path):
-        raise UserError(f"config file '{path}' is a directory; give the YAML file itself")
-    if not os.path.isfile(path):
-        raise UserError(f"config file '{path}' does not exist; check the --config path")
-    try:
-        with open(path, encoding="utf-8") as f:
-            loader = _StrictLoader(f)  # a SafeLoader: what yaml.safe_load does, stricter
-            try:
-                data = loader.get_single_data()
-            finally:
-                loader.dispose()
-    except _DuplicateKey as e:
-        raise UserError(f"config file '{path}' {e}") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"config file '{path}' is not UTF-8 text (byte {e.start}); give a "
-                        f"YAML file") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UserError(f"config file '{path}'{where}: not valid YAML ({problem})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"config file '{path}' must hold a mapping of keys "
-                        f"({', '.join(TOP_LEVEL)}), got {type(data).__name__}")
-    return data
 
 
 def merge_sections(base: Dict[str, Dict[str, Any]], updates: Mapping[str, Any], where: str):
@@ -509,22 +356,3 @@ def checkpoint_every(config: Config) -> int:
     if t.eval_every_secs:
         return 0
     return t.eval_every or t.save_checkpoints_steps or max(1, min(500, t.train_steps))
-
-
-def save(config: Config, model_dir: str, extra: Optional[Mapping[str, Any]] = None):
-    """Write the resolved config (and extra resolved facts) into model_dir, atomically."""
-    data = config.to_dict()
-    if extra:
-        data["resolved"] = dict(extra)
-    path = os.path.join(model_dir, CONFIG_FILE)
-    files.write_text(path, yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def load_saved(model_dir: str) -> Dict[str, Any]:
-    """The config a training run saved into model_dir."""
-    path = os.path.join(model_dir, CONFIG_FILE)
-    if not os.path.isfile(path):
-        raise UserError(f"'{model_dir}' has no {CONFIG_FILE}; is it a model_dir written by "
-                        f"'estimator-dist train'?")
-    return load_yaml(path)

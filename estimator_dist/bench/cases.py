@@ -344,24 +344,3 @@ def run_keras(spec, clock: Clock):
     model.fit(memory_dataset(spec["global_batch"]), epochs=1, steps_per_epoch=spec["train_steps"],
               callbacks=[ClockCallback(clock)], verbose=0)
     return 0
-
-
-def runner_for(driver: str):
-    """The function that runs a driver's case (bench_comm's are imported only when run)."""
-    if driver in ("comm", "tcp"):
-        from estimator_dist.bench import comm as bench_comm
-
-        return run_project if driver == "comm" else bench_comm.run_ring
-    return {"project": run_project, "plain": run_plain, "keras": run_keras}[driver]
-
-
-def main(argv=None) -> int:
-    """Run the case whose JSON spec file is argv[0]."""
-    argv = sys.argv[1:] if argv is None else argv
-    with open(argv[0], encoding="utf-8") as f:
-        spec = json.load(f)
-    clock = Clock(spec, Gate(spec["control_fds"]))
-    code = runner_for(spec["driver"])(spec, clock)
-    print(f"bench case: training ended after {clock.count} steps, before the bench's quit",
-          file=sys.stderr)
-    return code or 1

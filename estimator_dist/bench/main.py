@@ -252,9 +252,9 @@ def child_main():
     from estimator_dist import quiet
 
     quiet.configure(verbose=False)
-    from estimator_dist.bench import cases as bench_cases
+    from estimator_dist.bench import case_process
 
-    sys.exit(bench_cases.main([spec_path]))
+    sys.exit(case_process.main([spec_path]))
 
 
 def write_cifar_files(directory: str, records: int = REAL_RECORDS_PER_FILE, seed: int = 0) -> str:
@@ -273,7 +273,7 @@ def write_cifar_files(directory: str, records: int = REAL_RECORDS_PER_FILE, seed
 
 def case_spec(options: Options, settings, cifar_dir: str, case: Case, model_dir: str,
               worker: int) -> Dict:
-    """What one process of a case runs (bench_cases.main reads it)."""
+    """What one process of a case runs (case_process.main reads it)."""
     s = settings[case.model]
     return {
         "driver": case.driver,

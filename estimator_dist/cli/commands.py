@@ -90,7 +90,7 @@ def checked_train_args(args, default_strategy=None) -> list:
     """The pass-through train flags, with --strategy made explicit (default_strategy, else
     the cluster's), validated before any launch."""
     from estimator_dist.launch import cluster as launcher
-    from estimator_dist.cli.main import build_parser
+    from estimator_dist.cli.parser import build_parser
 
     train_args = launcher.train_args_for(args.command, getattr(args, "launcher", None),
                                          args.train_args)
@@ -113,7 +113,7 @@ def checked_train_args(args, default_strategy=None) -> list:
 def pass_through_parser(parser, command: str):
     """A parser that knows `command`'s own flags and the train flags it passes on, so that an
     unknown one gets the closest of both ("did you mean --model for --modle?")."""
-    from estimator_dist.cli.main import Parser, subcommand
+    from estimator_dist.cli.parser import Parser, subcommand
 
     return Parser(prog=f"{parser.prog} {command}", add_help=False, conflict_handler="resolve",
                   parents=[subcommand(parser, "train"), subcommand(parser, command)])

@@ -15,6 +15,7 @@ from typing import Any, Dict, Mapping, Tuple
 import yaml
 
 from estimator_dist import files
+from estimator_dist.distribute import specs
 from estimator_dist.errors import UserError
 # The dataclasses and the config files have modules of their own; config_lib.X names them all.
 from estimator_dist.training.config_schema import (  # noqa: F401 - re-exported
@@ -246,11 +247,15 @@ def _validate_finite(config: Config):
                                 f"as {f.default}")
 
 
+def _takes_variable_device(strategy: str) -> bool:
+    return strategy in specs.SPECS and specs.SPECS[strategy].variable_device_flag
+
+
 # Settings only another setting reads: (section, field, whether the config reads it,
 # what reads it, the fix). Only a value other than the dataclass default can be told
 # apart from "not given".
 IGNORED_UNLESS = (
-    ("distribute", "variable_device", lambda c: c.distribute.strategy == "tower",
+    ("distribute", "variable_device", lambda c: _takes_variable_device(c.distribute.strategy),
      "--strategy tower", "add --strategy tower"),
     ("train", "best_metric", lambda c: c.train.export == "best",
      "--export best", "add --export best"),

@@ -17,8 +17,8 @@ def check_training_batch(input_name: str, params, examples: int, input_context=N
 
     A repeated dataset batched past its length fills each batch from many epochs:
     `--batch_size 100000000` on the 1,438 digits never produced its first batch.
-    params["batch_size"] is the batch of one input_fn call (per replica, README
-    "Strategies, devices and the batch rule"), params["global_batch_size"] the
+    params["batch_size"] is the batch of one input_fn call (per replica,
+    docs/strategies.md, "Batch rule"), params["global_batch_size"] the
     --batch_size it came from. Only the training batch: evaluation keeps its last,
     smaller batch. An empty share is left to the input: it yields no batch, which
     the runner reports.

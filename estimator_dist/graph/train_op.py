@@ -84,7 +84,7 @@ def make_optimizer(params, lr=None):
     """A tf.compat.v1.train optimizer from params["optimizer"].
 
     Keras optimizers are deliberately not offered: in graph mode the new ones never
-    update weights and neither steps global_step (see README, "model_fn contract").
+    update weights and neither steps global_step (see docs/own-model.md, "The model_fn").
     """
     name = params.get("optimizer", "sgd")
     lr = learning_rate(params) if lr is None else lr
@@ -109,7 +109,7 @@ def gradients(optimizer, loss, var_list=None):
     gradient; GATE_NONE, what tf.gradients and Keras' GradientTape do, lets the
     backward pass run on. The guard (numerics.py) still applies nothing before
     every gradient exists. ResNet-20, N=1, in-process alternating bursts: 2-3%
-    faster; the MLP 1% (README "Performance").
+    faster; the MLP 1% (docs/performance.md).
     """
     return optimizer.compute_gradients(loss, var_list=var_list,
                                        gate_gradients=tf.compat.v1.train.Optimizer.GATE_NONE)

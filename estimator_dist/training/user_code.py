@@ -94,7 +94,7 @@ def run_prepare(entry: Entry, params) -> Dict[str, Any]:
     meta = users_code(lambda: entry.prepare(params), f"{where} failed", "fix the input")
     if not isinstance(meta, dict):
         raise UserError(f"{where} returned {type(meta).__name__}; it must return a dict with "
-                        f"serving_features (see README, Bring your own model)")
+                        f"serving_features (see docs/own-model.md)")
     if "serving_features" not in meta:  # read them off its data, as without a prepare()
         meta = {**meta, **inferred_input_meta(entry, params)}
     # prepare() may resolve what the run left open ('' / 'auto' / None: a label column, a

@@ -23,7 +23,8 @@ from estimator_dist.distribute.tf_config import ClusterSpec
 LOCAL, CHIEF, WORKER, PS, EVALUATOR = "local", "chief", "worker", "ps", "evaluator"
 
 # How a run drives Estimator (Role.run).
-TRAIN_AND_EVALUATE = "train_and_evaluate"  # tf.estimator.train_and_evaluate (ps: its server)
+TRAIN_AND_EVALUATE = "train_and_evaluate"  # tf.estimator.train_and_evaluate
+SERVE = "serve"  # a ps: train_and_evaluate runs its server (server.join) until the run ends
 TRAIN_ONLY = "train_only"  # Estimator.train: a Horovod rank > 0 (rank 0 evaluates)
 EVALUATE_LOOP = "evaluate_loop"  # the evaluator task (evaluator.py)
 
@@ -184,6 +185,8 @@ class Role:
             return EVALUATE_LOOP
         if self.horovod_follower:
             return TRAIN_ONLY
+        if self.kind == PS:
+            return SERVE
         return TRAIN_AND_EVALUATE
 
     @property

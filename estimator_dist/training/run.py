@@ -144,7 +144,8 @@ def train_rank(estimator, train_spec, start_step: Optional[int]):
 
 
 def train_and_evaluate(p: Plan, estimator, train_spec, eval_spec, say):
-    """tf.estimator.train_and_evaluate; an evaluator outpaced by checkpoint rotation retries.
+    """tf.estimator.train_and_evaluate (for a ps, roles.SERVE, it runs the server), or the
+    evaluator's loop; an evaluator outpaced by checkpoint rotation retries.
 
     In a cluster the chief may delete the checkpoint the evaluator is about to
     restore (keep_checkpoint_max); the evaluator then simply moves on to the newest.

@@ -1,0 +1,93 @@
+"""The Role table: what each kind of process does, as the run, the guard and the launcher
+ask it (one place; tests of the runs themselves are in test_cluster, test_signals,
+test_horovod). And the StrategySpec table against the strategies the CLI offers."""
+import json
+
+import pytest
+
+from estimator_dist.distribute import specs, strategies
+from estimator_dist.distribute import tf_config
+from estimator_dist.distribute.horovod import Ranks
+from estimator_dist.training import roles
+from estimator_dist.training.roles import Role
+
+
+def cluster(task, workers=2, ps=0, evaluator=False):
+    spec = {"chief": ["h:1"], "worker": [f"h:{2 + i}" for i in range(workers - 1)],
+            "ps": [f"h:{10 + i}" for i in range(ps)]}
+    if evaluator:
+        spec["evaluator"] = ["h:20"]
+    kind, index = task.split(":")
+    return tf_config.parse(json.dumps({"cluster": {k: v for k, v in spec.items() if v},
+                                       "task": {"type": kind, "index": int(index)}}))
+
+
+def ranks(rank, size):
+    return Ranks(rank=rank, size=size, local_rank=rank, local_size=size, launched=True)
+
+
+ROLES = {
+    "local": Role.of("none"),
+    "mwms chief": Role.of("multi_worker_mirrored", cluster("chief:0", evaluator=True)),
+    "mwms worker": Role.of("multi_worker_mirrored", cluster("worker:0", evaluator=True)),
+    "ps chief, no evaluator": Role.of("parameter_server", cluster("chief:0", ps=1)),
+    "ps worker": Role.of("parameter_server", cluster("worker:0", ps=1)),
+    "ps task": Role.of("parameter_server", cluster("ps:0", ps=1)),
+    "evaluator": Role.of("multi_worker_mirrored", cluster("evaluator:0", evaluator=True)),
+    "horovod rank 0": Role.of("horovod", ranks=ranks(0, 2)),
+    "horovod rank 1": Role.of("horovod", ranks=ranks(1, 2)),
+    "horovod alone": Role.of("horovod", ranks=ranks(0, 1)),
+}
+
+# role: (kind, writes_run_files, speaks, evaluates, writes_summary, exports_final_itself,
+#        run, saves_on_sigterm, votes_on_sigterm, stops_on_sigint)
+T, F = True, False
+EXPECTED = {
+    "local": ("local", T, T, T, T, F, roles.TRAIN_AND_EVALUATE, T, F, T),
+    "mwms chief": ("chief", T, T, T, F, F, roles.TRAIN_AND_EVALUATE, T, T, F),
+    "mwms worker": ("worker", F, F, F, F, F, roles.TRAIN_AND_EVALUATE, T, T, F),
+    "ps chief, no evaluator": ("chief", T, T, F, T, T, roles.TRAIN_AND_EVALUATE, T, F, F),
+    "ps worker": ("worker", F, F, F, F, F, roles.TRAIN_AND_EVALUATE, F, F, F),
+    "ps task": ("ps", F, F, F, F, F, roles.SERVE, F, F, F),
+    "evaluator": ("evaluator", F, T, T, T, F, roles.EVALUATE_LOOP, F, F, F),
+    "horovod rank 0": ("chief", T, T, T, T, F, roles.TRAIN_AND_EVALUATE, T, F, F),
+    "horovod rank 1": ("worker", F, F, F, F, F, roles.TRAIN_ONLY, F, F, F),
+    "horovod alone": ("local", T, T, T, T, F, roles.TRAIN_AND_EVALUATE, T, F, T),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROLES))
+def test_role_answers(name):
+    r = ROLES[name]
+    assert (r.kind, r.writes_run_files, r.speaks, r.evaluates, r.writes_summary,
+            r.exports_final_itself, r.run, r.saves_on_sigterm, r.votes_on_sigterm,
+            r.stops_on_sigint) == EXPECTED[name]
+
+
+def test_who_builds_a_strategy_and_where_it_is():
+    assert [n for n, r in ROLES.items() if not r.builds_strategy] == ["evaluator"]
+    assert [n for n, r in ROLES.items() if r.horovod_follower] == ["horovod rank 1"]
+    assert ROLES["mwms worker"].where("1 CPU(s)") == "worker:0 of 2 worker(s), 0 ps, 1 CPU(s) each"
+    assert ROLES["horovod rank 1"].where("1 CPU(s)") == "rank 1 of 2, 1 CPU(s) each"
+    assert ROLES["ps task"].what == "ps task" and ROLES["ps worker"].what == "worker"
+    assert ROLES["mwms worker"].task == "worker:0" and ROLES["mwms worker"].address == "h:2"
+
+
+def test_launcher_task_kinds():
+    """The launcher's questions: which tasks train (GPUs), listen, serve until stopped."""
+    kinds = {name: roles.task_kind(name) for name in ("chief:0", "worker:1", "ps:0", "evaluator:0")}
+    assert [n for n, k in kinds.items() if k.trains] == ["chief:0", "worker:1"]
+    assert [n for n, k in kinds.items() if not k.listens] == ["evaluator:0"]
+    assert [n for n, k in kinds.items() if k.serves_forever] == ["ps:0"]
+    assert [n for n, k in kinds.items() if k.ends_before_chief] == ["worker:1", "evaluator:0"]
+    assert roles.horovod_task_kind(0) == "chief" and roles.horovod_task_kind(3) == "worker"
+
+
+def test_every_strategy_has_a_spec_and_a_builder():
+    assert specs.names() == sorted(strategies._BUILDERS)  # pylint: disable=protected-access
+    assert specs.tf_config_strategies() == ("multi_worker_mirrored", "parameter_server")
+    assert [n for n in specs.names() if specs.spec(n).input_gets_global_batch] == ["tower"]
+    assert [n for n in specs.names() if specs.restarts_whole_cluster(n)] == \
+        ["multi_worker_mirrored"]
+    assert specs.is_horovod("horovod") and not specs.is_horovod(None) and \
+        not specs.is_horovod("mirored")

@@ -57,9 +57,9 @@ TRAIN_FLAGS = {
                  "Horovod launch (see 'cluster'; without one it runs as 1 rank)"),
     "num_devices": (int, "devices to use: 0 = auto (all GPUs, else 1 CPU); on a CPU-only "
                          "machine N logical CPU devices"),
-    "variable_device": (_or_leave_out("cpu or device0", "cpu"),
-                        "tower only: where the one set of variables lives, cpu | device0 "
-                        "(default cpu)"),
+    "variable_device": (_or_leave_out("auto, cpu or device0", "auto"),
+                        "tower only: where the one set of variables lives, auto | cpu | device0 "
+                        "(default auto: device0 on GPUs, cpu on CPUs)"),
     "accumulate_steps": (int, "K: apply one update every K batches, equal to one step on a K "
                               "times larger batch (none, one_device, mirrored, tower; default 1). "
                               "The global step counts updates: --train_steps N reads N x K "

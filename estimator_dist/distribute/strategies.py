@@ -220,9 +220,16 @@ def per_replica_batch(name: str, global_batch: int, devices: Devices, workers: i
 
 
 def variable_device(name: str, setting: str, devices: Devices) -> Optional[str]:
-    """Where `tower` keeps its variables (`--variable_device cpu|device0`); None otherwise."""
+    """Where `tower` keeps its variables (`--variable_device auto|cpu|device0`); None otherwise.
+
+    `auto` (the default) is the first tower's GPU when the towers are GPUs (the field's
+    default: tf_cnn_benchmarks' replicated / parameter_server on the GPU; on /cpu:0 every
+    gradient and variable crosses PCIe each step) and /cpu:0 between logical CPUs.
+    """
     if name != "tower":
         return None
+    if setting == "auto":
+        setting = "device0" if devices.kind == "GPU" else "cpu"
     return "/cpu:0" if setting == "cpu" else devices.names[0]
 
 

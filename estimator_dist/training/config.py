@@ -18,7 +18,7 @@ from estimator_dist.errors import UserError
 
 CONFIG_FILE = "config.yaml"
 EXPORT_MODES = ("latest", "best", "final", "none")
-VARIABLE_DEVICES = ("cpu", "device0")
+VARIABLE_DEVICES = ("auto", "cpu", "device0")
 MIXED_PRECISION = ("none", "bfloat16")
 GRADIENT_COMPRESSION = ("none", "fp16", "bf16")  # compression.SETTINGS
 MAX_READER_NICE = 19
@@ -76,7 +76,7 @@ class DistributeConfig:
 
     strategy: str = "none"
     num_devices: int = 0
-    variable_device: str = "cpu"
+    variable_device: str = "auto"  # tower: device0 on GPUs, cpu on CPUs
     accumulate_steps: int = 1
     scale_lr: bool = False
     gradient_compression: str = "none"
@@ -372,7 +372,7 @@ def validate(config: Config):
         raise UserError(f"--num_devices {d.num_devices}: must be >= 0 (0 = auto)")
     if d.variable_device not in VARIABLE_DEVICES:
         raise UserError(f"--variable_device {d.variable_device}: must be "
-                        f"{' or '.join(VARIABLE_DEVICES)}")
+                        f"{', '.join(VARIABLE_DEVICES[:-1])} or {VARIABLE_DEVICES[-1]}")
     if d.accumulate_steps < 1:
         raise UserError(f"--accumulate_steps {d.accumulate_steps}: must be >= 1 "
                         f"(1 = apply every batch)")
@@ -418,11 +418,16 @@ IGNORED_UNLESS = (
 )
 
 
+# Former defaults a saved config.yaml holds (every field is written): read as "not given".
+FORMER_DEFAULTS = {"variable_device": ("cpu",)}  # the default before "auto"
+
+
 def _ignored(config: Config):
     """(section, field, value, read by, fix) of each setting given that nothing reads."""
     for section, name, read, reader, fix in IGNORED_UNLESS:
         value = getattr(getattr(config, section), name)
-        if value != getattr(SECTIONS[section], name) and not read(config):
+        unset = (getattr(SECTIONS[section], name),) + FORMER_DEFAULTS.get(name, ())
+        if value not in unset and not read(config):
             yield section, name, value, reader, fix
 
 

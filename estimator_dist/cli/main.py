@@ -69,9 +69,10 @@ TRAIN_FLAGS = {
     "gradient_compression": (_or_leave_out("none, fp16 or bf16", "none"),
                              "all-reduce gradients in 16 bits: none, fp16 or bf16 (mirrored, "
                              "multi_worker_mirrored; horovod: fp16)"),
-    "mixed_precision": (_or_leave_out("none or bfloat16", "none"),
-                        "none | bfloat16: Keras layers of the model_fn compute in "
-                        "bfloat16, variables and the loss stay float32 (default none)"),
+    "mixed_precision": (_or_leave_out("none, bfloat16 or float16", "none"),
+                        "none | bfloat16 | float16: Keras layers of the model_fn compute in "
+                        "16 bits, variables and the loss stay float32; float16 (for GPUs) adds "
+                        "dynamic loss scaling (default none)"),
     "batch_size": (int, "GLOBAL batch per step (per micro-batch with --accumulate_steps); each "
                         "of R replicas gets batch_size / R; tower splits any size over its towers"),
     "train_steps": (int, "global step to train to (optimizer updates)"),

@@ -190,6 +190,29 @@ def check_compression(name: str, setting: str, accumulate_steps: int):
                         f"drop one of them")
 
 
+# Strategies whose gradients minimize() applies, where --mixed_precision float16 scales the
+# loss (tower, gradient accumulation and Horovod apply gradients in their own handlers).
+LOSS_SCALED = ("none", "one_device", "mirrored", "central_storage", "multi_worker_mirrored",
+               "parameter_server")
+
+
+def check_precision(name: str, mixed_precision: str, accumulate_steps: int = 1,
+                    compression: str = "none"):
+    """float16 needs loss scaling, which only minimize()'s own update path has."""
+    if mixed_precision != "float16":
+        return
+    if name not in LOSS_SCALED:
+        raise UserError(f"--mixed_precision float16 does not work with --strategy {name} yet "
+                        f"(no loss scaling there: float16 gradients would underflow); use one "
+                        f"of {', '.join(LOSS_SCALED)}, or --mixed_precision bfloat16")
+    if accumulate_steps > 1:
+        raise UserError(f"--mixed_precision float16 does not work with --accumulate_steps "
+                        f"{accumulate_steps} yet (no loss scaling there); drop one of them")
+    if compression != "none":
+        raise UserError(f"--mixed_precision float16 does not work with --gradient_compression "
+                        f"{compression} yet; drop one of them")
+
+
 def num_replicas(name: str, devices: Devices, workers: int = 1) -> int:
     """Model replicas: tf.distribute replicas (over every worker), or the towers of `tower`."""
     return (1 if name in SINGLE_DEVICE else devices.count) * workers

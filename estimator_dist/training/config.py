@@ -19,7 +19,7 @@ from estimator_dist.errors import UserError
 CONFIG_FILE = "config.yaml"
 EXPORT_MODES = ("latest", "best", "final", "none")
 VARIABLE_DEVICES = ("auto", "cpu", "device0")
-MIXED_PRECISION = ("none", "bfloat16")
+MIXED_PRECISION = ("none", "bfloat16", "float16")
 GRADIENT_COMPRESSION = ("none", "fp16", "bf16")  # compression.SETTINGS
 MAX_READER_NICE = 19
 # DataConfig.reader_nice when the run does not set it: an input with reader threads uses
@@ -384,7 +384,7 @@ def validate(config: Config):
                         f"{', '.join(GRADIENT_COMPRESSION)}")
     if config.compute.mixed_precision not in MIXED_PRECISION:
         raise UserError(f"--mixed_precision {config.compute.mixed_precision}: must be "
-                        f"{' or '.join(MIXED_PRECISION)}")
+                        f"{', '.join(MIXED_PRECISION[:-1])} or {MIXED_PRECISION[-1]}")
     _refuse_ignored(config)
 
 

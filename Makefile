@@ -28,7 +28,7 @@ HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHO
   $(if $(GPU),HOROVOD_GPU_OPERATIONS=NCCL)
 HVD := $(filter horovod,$(LAUNCHER) $(STRATEGY))
 
-.PHONY: venv horovod train test bench export predict list cluster clean distclean
+.PHONY: venv horovod train gpu-check test bench export predict list cluster clean distclean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ horovod: $(HOROVOD_STAMP)
 train: $(STAMP)
 	$(BIN)/estimator-dist train --model $(MODEL) --strategy $(STRATEGY) \
 	  --num_devices $(NUM_DEVICES) --model_dir $(MODEL_DIR) $(if $(STEPS),--train_steps $(STEPS)) $(ARGS)
+
+# Per strategy: devices used, one step's time, peak GPU memory (docs/gpu.md). Exits 3 without a
+# GPU; ARGS=--allow_cpu checks on the CPU. horovod is included when installed (make horovod GPU=1).
+gpu-check: $(STAMP)
+	$(BIN)/python -m estimator_dist.bench.gpu_check $(if $(STEPS),--steps $(STEPS)) $(ARGS)
 
 test: $(HOROVOD_STAMP)
 	$(BIN)/python -m pytest -q tests $(TESTARGS)

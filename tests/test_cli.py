@@ -43,7 +43,7 @@ BAD = [
     (["--set", "filters=many"], "--set filters=many: 'filters' takes an int"),
     (["--import", "no_such_module_xyz"], "--import no_such_module_xyz: cannot import it"),
     (["--export", "sometimes"], "--export sometimes: must be one of"),
-    (["--strategy", "tower", "--variable_device", "gpu0"], "--variable_device gpu0: must be cpu or device0"),
+    (["--strategy", "tower", "--variable_device", "gpu0"], "--variable_device gpu0: must be auto, cpu or device0"),
     (["--accumulate_steps", "0"], "--accumulate_steps 0: must be >= 1 (1 = apply every batch)"),
     (["--strategy", "central_storage", "--num_devices", "2", "--accumulate_steps", "2"],
      "--accumulate_steps 2 does not work with --strategy central_storage; use one of"),

@@ -245,7 +245,7 @@ def test_a_saved_tower_run_re_resolved_for_one_cpu_still_validates(tmp_path):
     again = config_lib.without_ignored(
         config_lib.build_config("m", data, {"strategy": "none", "num_devices": 1}, {}, HPARAMS))
     config_lib.validate(again)
-    assert (again.distribute.strategy, again.distribute.variable_device) == ("none", "cpu")
+    assert (again.distribute.strategy, again.distribute.variable_device) == ("none", "auto")
     # ... while the same file trained again as it is keeps its tower setting.
     assert config_lib.build_config("m", data, {}, {}, HPARAMS).distribute == saved.distribute
 

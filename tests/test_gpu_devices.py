@@ -160,3 +160,24 @@ def test_make_gpu_1_builds_horovod_with_nccl(gpu, expected):
     build = [line for line in result.stdout.splitlines() if "pip install" in line and
              "horovod" in line]
     assert len(build) == 1 and build[0].count("HOROVOD_GPU_OPERATIONS=NCCL") == expected
+
+
+@pytest.mark.parametrize("count,setting,expected", [
+    (2, "auto", "/gpu:0"), (8, "auto", "/gpu:0"), (0, "auto", "/cpu:0"),
+    (2, "cpu", "/cpu:0"), (2, "device0", "/gpu:0"), (0, "device0", "/cpu:0"),
+])
+def test_tower_variables_default_to_the_first_gpu_and_to_the_cpu_without_gpus(
+        count, setting, expected, gpus):
+    """--variable_device auto (the default): the towers' one set of variables, and so the
+    gradient combine and update, on GPU:0 when the towers are GPUs (on /cpu:0 every gradient
+    and variable crossed PCIe each step); the explicit values keep meaning what they say."""
+    from conftest import make_config
+    from estimator_dist.training import run as runner
+    gpus(count)
+    flags = {"strategy": "tower", "num_devices": 0 if count else 2, "batch_size": 16}
+    if setting != "auto":
+        flags["variable_device"] = setting
+    p = runner.plan(make_config(**flags))
+    assert p.config.distribute.variable_device == setting
+    assert strategies.variable_device("tower", setting, p.devices) == expected
+    assert f"variables on {expected} |" in runner.describe(p)

@@ -21,7 +21,7 @@ MODES = tf.estimator.ModeKeys
 CIFAR_REFUSED = ("--mixed_precision bfloat16: model cifar builds no Keras layers "
                  "(tf.compat.v1.layers ignore the mixed precision policy), so nothing would "
                  "compute in bfloat16; drop the flag or build the model_fn from tf.keras.layers")
-FLOAT16_REFUSED = "--mixed_precision float16: must be none or bfloat16"
+FLOAT8_REFUSED = "--mixed_precision float8: must be none, bfloat16 or float16"
 CPU_NOTE = ("note: this CPU has no native bfloat16 (no avx512_bf16/amx_bf16): bfloat16 is "
             "emulated and slower than float32")
 BF16 = tf.bfloat16.as_datatype_enum
@@ -113,13 +113,72 @@ def test_cifar_bfloat16_cli_one_line_exit_2(tmp_path):
     assert not list((tmp_path / "r").glob("model.ckpt*"))
 
 
-def test_float16_refused_naming_the_allowed_values(tmp_path, capsys):
-    with pytest.raises(UserError, match=FLOAT16_REFUSED):
-        config_lib.validate(make_config(mixed_precision="float16"))
-    code = cli.main(["train", "--mixed_precision", "float16", "--model_dir", str(tmp_path / "r")])
+def test_unknown_precision_refused_naming_the_allowed_values(tmp_path, capsys):
+    with pytest.raises(UserError, match=FLOAT8_REFUSED):
+        config_lib.validate(make_config(mixed_precision="float8"))
+    code = cli.main(["train", "--mixed_precision", "float8", "--model_dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
-    assert code == 2 and err == f"estimator-dist: error: {FLOAT16_REFUSED}\n"
+    assert code == 2 and err == f"estimator-dist: error: {FLOAT8_REFUSED}\n"
     assert not (tmp_path / "r").exists()
+
+
+FLOAT16 = tf.float16.as_datatype_enum
+LOSS_SCALE_VARIABLES = {"current_loss_scale", "good_steps"}
+
+
+@pytest.mark.parametrize("strategy,num_devices", [("none", 1), ("mirrored", 2)])
+def test_float16_trains_on_this_cpu_with_a_dynamic_loss_scale(strategy, num_devices, tmp_path):
+    """Measured: TF 2.15 runs mixed_float16 Keras layers on a CPU, so float16 is allowed here
+    and trained for real: float16 kernels, float32 variables, finite falling loss, and the
+    loss scaling optimizer's scale saved in the checkpoint (one, shared by the replicas)."""
+    summary = quick_train(tmp_path, steps=30, strategy=strategy, num_devices=num_devices,
+                          mixed_precision="float16")
+    graph = training_graph(tmp_path)
+    assert {"Conv2D", "MatMul", "Conv2DBackpropFilter"} <= {
+        n.op for n in graph.node if "T" in n.attr and n.attr["T"].type == FLOAT16}
+    reader = tf.train.load_checkpoint(str(tmp_path))
+    dtypes = reader.get_variable_to_dtype_map()
+    assert LOSS_SCALE_VARIABLES <= set(dtypes), sorted(dtypes)
+    assert not [n for n in dtypes if n.startswith(("current_loss_scale_", "good_steps_"))]
+    assert set(dtypes.values()) - {tf.int64} == {tf.float32}, dtypes
+    scale = reader.get_tensor("current_loss_scale")
+    assert 1.0 <= scale <= 2.0 ** 15 and np.isfinite(scale)
+    losses = event_losses(tmp_path)
+    assert len(losses) >= 2 and np.all(np.isfinite(losses)), losses
+    assert summary["metrics"]["global_step"] == 30
+    assert summary["metrics"]["accuracy"] > 0.2  # 10 classes: chance is 0.1
+
+
+def test_float32_and_bfloat16_build_no_loss_scale(digits_runs):
+    for mode in ("none", "bfloat16"):
+        dtypes = tf.train.load_checkpoint(str(digits_runs[mode][0])).get_variable_to_dtype_map()
+        assert not LOSS_SCALE_VARIABLES & set(dtypes)
+
+
+@pytest.mark.parametrize("flags,message", [
+    ({"strategy": "tower", "num_devices": 2},
+     "--mixed_precision float16 does not work with --strategy tower yet"),
+    ({"accumulate_steps": 2}, "--mixed_precision float16 does not work with --accumulate_steps 2"),
+    ({"strategy": "mirrored", "num_devices": 2, "gradient_compression": "fp16"},
+     "--mixed_precision float16 does not work with --gradient_compression fp16"),
+])
+def test_float16_refused_where_nothing_scales_the_loss(flags, message):
+    with pytest.raises(UserError, match="^" + message):
+        runner.plan(make_config(mixed_precision="float16", **flags))
+
+
+def test_overflowing_gradients_pass_to_the_loss_scaler_until_its_scale_is_1():
+    """With float16 an Inf gradient at a loss scale > 1 is the loss scaler's to skip (it halves
+    the scale); at scale 1 the guard fails the step as in float32."""
+    from estimator_dist.graph import numerics
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        var = tf.Variable([1.0, 2.0], name="w")
+        scale = tf.compat.v1.placeholder(tf.float32, [])
+        grad = tf.constant([np.inf, 1.0])
+        (checked, _), = numerics.guard(tf.constant(1.0), [(grad, var)], overflow_ok=scale > 1.0)
+        assert np.isinf(session.run(checked, {scale: 4.0})[0])
+        with pytest.raises(tf.errors.InvalidArgumentError, match="gradient of 'w'"):
+            session.run(checked, {scale: 1.0})
 
 
 @pytest.mark.parametrize("flags,has_gpu,expected", [
@@ -133,6 +192,12 @@ def test_cpu_note(flags, has_gpu, expected, tmp_path):
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
     assert precision.cpu_note("bfloat16", str(cpuinfo), has_gpu=has_gpu) == expected
     assert precision.cpu_note("none", str(cpuinfo), has_gpu=False) is None
+
+
+def test_float16_cpu_note_only_without_a_gpu():
+    assert precision.cpu_note("float16", has_gpu=False) == precision.FLOAT16_CPU_NOTE
+    assert "meant for GPUs" in precision.FLOAT16_CPU_NOTE
+    assert precision.cpu_note("float16", has_gpu=True) is None
 
 
 def test_cpu_note_without_cpuinfo(tmp_path):

@@ -56,6 +56,9 @@ def test_tower_strategy_is_no_tf_distribute_strategy():
     assert strategies.variable_device("tower", "device0", gpus) == "/gpu:0"
     assert strategies.variable_device("tower", "cpu", gpus) == "/cpu:0"
     assert strategies.variable_device("mirrored", "cpu", gpus) is None
+    # The default follows the towers: the first GPU, or the CPU between logical CPUs.
+    assert strategies.variable_device("tower", "auto", gpus) == "/gpu:0"
+    assert strategies.variable_device("tower", "auto", CPU2) == "/cpu:0"
 
 
 def test_accumulate_steps_strategies():

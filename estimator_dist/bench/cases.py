@@ -11,6 +11,9 @@ driver, in the bursts of steps the bench asks for (bench_runner.py):
 - `keras`: `tf.keras` `Model.fit` on a Keras-layers model of the same
   architecture, batch, optimizer and strategy.
 
+The baselines run on the devices the project case uses (`case_devices`): its
+N GPUs when the machine has GPUs, else N logical CPUs.
+
 Every driver marks the end of each step on one clock (an Estimator hook or a
 Keras callback), which also holds the process at a gate between bursts. It
 reports the seconds from the bench's launch of the process to the end of the
@@ -27,6 +30,7 @@ import os
 import resource
 import sys
 import time
+from typing import Tuple
 
 import tensorflow as tf
 
@@ -251,13 +255,54 @@ def plain_params(spec, replicas: int):
             "train_steps": spec["train_steps"], "num_classes": NUM_CLASSES}
 
 
+def case_devices(spec, gpus: int) -> Tuple[str, ...]:
+    """The devices a baseline case (plain, keras) trains on: the project case's. With GPUs
+    (`gpus` of them) its --num_devices GPUs, as `estimator-dist train` resolves them; on a
+    CPU-only machine that many logical CPUs."""
+    n = max(1, int(spec["num_devices"]))
+    if gpus:
+        if n > gpus:
+            raise ValueError(f"bench case {spec.get('driver')} N={n}: this machine has {gpus} "
+                             f"GPU(s)")
+        return tuple(f"/gpu:{i}" for i in range(n))
+    return tuple(f"/cpu:{i}" for i in range(n))
+
+
+def machine_gpus() -> list:
+    return tf.config.list_physical_devices("GPU")
+
+
+def keep_gpus(devices: Tuple[str, ...], gpus: list, config_api=None):
+    """A baseline on GPUs sees only its GPUs, each growing its memory, as the project case
+    does (without it TensorFlow maps every GPU and takes all their memory)."""
+    if not devices[0].startswith("/gpu:"):
+        return
+    config_api = config_api or tf.config
+    chosen = gpus[:len(devices)]
+    config_api.set_visible_devices(chosen, "GPU")
+    for gpu in chosen:
+        config_api.experimental.set_memory_growth(gpu, True)
+
+
+def plain_session_config(devices: Tuple[str, ...]):
+    """What a hand-written Estimator needs over `devices`: on logical CPUs their count (else
+    MirroredStrategy hangs), on GPUs nothing; None for one device (RunConfig's default)."""
+    if len(devices) == 1:
+        return None
+    cpus = len(devices) if devices[0].startswith("/cpu:") else 1
+    return tf.compat.v1.ConfigProto(device_count={"CPU": cpus}, allow_soft_placement=True)
+
+
 def run_plain(spec, clock: Clock):
     """A hand-written Estimator: the same model_fn and input, no project code around them."""
-    n = spec["num_devices"]
+    gpus = machine_gpus()
+    devices = case_devices(spec, len(gpus))
+    keep_gpus(devices, gpus)
+    n = len(devices)
     if n > 1:
-        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
-        session = tf.compat.v1.ConfigProto(device_count={"CPU": n}, allow_soft_placement=True)
-        config = tf.estimator.RunConfig(train_distribute=strategy, session_config=session)
+        strategy = tf.distribute.MirroredStrategy(list(devices))
+        config = tf.estimator.RunConfig(train_distribute=strategy,
+                                        session_config=plain_session_config(devices))
     else:
         config = tf.estimator.RunConfig()
     params = plain_params(spec, n)
@@ -323,12 +368,16 @@ def keras_learning_rate(hparams, train_steps: int):
 
 def run_keras(spec, clock: Clock):
     """tf.keras Model.fit on the same architecture, data, batch, optimizer and strategy."""
-    n = spec["num_devices"]
+    gpus = machine_gpus()
+    devices = case_devices(spec, len(gpus))
+    keep_gpus(devices, gpus)
+    n = len(devices)
     if n > 1:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
-        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+        if devices[0].startswith("/cpu:"):
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+        strategy = tf.distribute.MirroredStrategy(list(devices))
     else:
         strategy = tf.distribute.get_strategy()
     hparams = hparams_for(spec["model"])

@@ -45,6 +45,9 @@ class StrategySpec:
     restarts: str = RESTART_TASK  # or RESTART_CLUSTER
     variable_device_flag: bool = False  # --variable_device applies
     pins_own_gpu: bool = False  # sets its devices itself (one GPU per Horovod rank)
+    # minimize() applies its gradients, so --mixed_precision float16 can scale the loss
+    # (tower, accumulation and Horovod apply gradients in their own handlers).
+    loss_scaled: bool = True
 
     @property
     def needs_tf_config(self) -> bool:
@@ -63,7 +66,7 @@ SPECS: Dict[str, StrategySpec] = {s.name: s for s in (
     # central_storage's variables cannot hold the per-replica accumulators.
     StrategySpec("central_storage", in_graph_replicas=True),
     StrategySpec("tower", input_gets_global_batch=True, wraps_model_fn=TOWERS,
-                 accumulates=True, variable_device_flag=True),
+                 accumulates=True, variable_device_flag=True, loss_scaled=False),
     StrategySpec("multi_worker_mirrored", processes="tf_config",
                  in_graph_replicas=True, compressions=("fp16", "bf16"),
                  every_worker_saves=True, restarts=RESTART_CLUSTER),
@@ -71,7 +74,7 @@ SPECS: Dict[str, StrategySpec] = {s.name: s for s in (
                  in_graph_replicas=True),
     # Horovod's all-reduce compresses to float16 only (hvd.Compression.fp16).
     StrategySpec("horovod", processes="horovod", wraps_model_fn=HOROVOD_OPTIMIZER,
-                 compressions=("fp16",), pins_own_gpu=True),
+                 compressions=("fp16",), pins_own_gpu=True, loss_scaled=False),
 )}
 
 # The strategy a local TF_CONFIG cluster runs when none is named: asynchronous

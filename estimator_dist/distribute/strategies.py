@@ -171,6 +171,24 @@ def check_compression(name: str, setting: str, accumulate_steps: int):
                         f"drop one of them")
 
 
+def check_precision(name: str, mixed_precision: str, accumulate_steps: int = 1,
+                    compression: str = "none"):
+    """float16 needs loss scaling, which only minimize()'s own update path has."""
+    if mixed_precision != "float16":
+        return
+    if not spec(name).loss_scaled:
+        raise UserError(f"--mixed_precision float16 does not work with --strategy {name} yet "
+                        f"(no loss scaling there: float16 gradients would underflow); use one "
+                        f"of {', '.join(with_feature(lambda s: s.loss_scaled))}, or "
+                        f"--mixed_precision bfloat16")
+    if accumulate_steps > 1:
+        raise UserError(f"--mixed_precision float16 does not work with --accumulate_steps "
+                        f"{accumulate_steps} yet (no loss scaling there); drop one of them")
+    if compression != "none":
+        raise UserError(f"--mixed_precision float16 does not work with --gradient_compression "
+                        f"{compression} yet; drop one of them")
+
+
 def num_replicas(name: str, devices: Devices, workers: int = 1) -> int:
     """Model replicas: tf.distribute replicas (over every worker), or the towers of `tower`."""
     return (1 if spec(name).one_device else devices.count) * workers
@@ -201,9 +219,16 @@ def per_replica_batch(name: str, global_batch: int, devices: Devices, workers: i
 
 
 def variable_device(name: str, setting: str, devices: Devices) -> Optional[str]:
-    """Where `tower` keeps its variables (`--variable_device cpu|device0`); None otherwise."""
+    """Where `tower` keeps its variables (`--variable_device auto|cpu|device0`); None otherwise.
+
+    `auto` (the default) is the first tower's GPU when the towers are GPUs (the field's
+    default: tf_cnn_benchmarks' replicated / parameter_server on the GPU; on /cpu:0 every
+    gradient and variable crosses PCIe each step) and /cpu:0 between logical CPUs.
+    """
     if not spec(name).variable_device_flag:
         return None
+    if setting == "auto":
+        setting = "device0" if devices.kind == "GPU" else "cpu"
     return "/cpu:0" if setting == "cpu" else devices.names[0]
 
 

@@ -48,7 +48,7 @@ def checks_after_last_gradient(enabled: bool = True):
         _AFTER_LAST_GRADIENT.pop()
 
 
-def guard(loss, grads_and_vars, num_examples=None, note: str = ""):
+def guard(loss, grads_and_vars, num_examples=None, note: str = "", overflow_ok=None):
     """(grad, var) pairs whose gradients only exist when the loss and all gradients are finite.
 
     Args:
@@ -57,6 +57,9 @@ def guard(loss, grads_and_vars, num_examples=None, note: str = ""):
       num_examples: optional scalar; with 0 examples the loss (a mean over none,
         NaN) is not checked, as the strategies give an empty batch zero weight.
       note: said after a bad gradient's name (what was done to it; no ':').
+      overflow_ok: optional scalar bool (--mixed_precision float16: the loss scale is > 1):
+        non-finite gradients pass unchecked, for the loss scaling optimizer to skip the
+        step and halve its scale; at scale 1 they fail the step as always.
     Returns:
       grads_and_vars with each gradient replaced by its checked value.
     """
@@ -72,7 +75,7 @@ def guard(loss, grads_and_vars, num_examples=None, note: str = ""):
         return list(grads_and_vars)
     with tf.control_dependencies(checks):
         checked = iter(_checked([_values(grad) for grad, _ in present],
-                                [var for _, var in present], note))
+                                [var for _, var in present], note, overflow_ok))
     out = []
     for grad, var in grads_and_vars:
         out.append((None if grad is None else _rebuild(grad, next(checked)), var))
@@ -91,7 +94,7 @@ def require_gradients(grads_and_vars):
                         f"cuts it off; training could never change them")
 
 
-def _checked(values, variables, note=""):
+def _checked(values, variables, note="", overflow_ok=None):
     """`values` passed through when all are finite, else check_numerics names the first bad one.
 
     check_numerics scans with one thread, element by element: on every gradient of
@@ -100,6 +103,8 @@ def _checked(values, variables, note=""):
     """
     with tf.control_dependencies(values if _checks_wait(values) else []):
         finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in values]))
+    if overflow_ok is not None:
+        finite = tf.logical_or(finite, overflow_ok)
     messages = [f"{MARKER} gradient of '{var.op.name}'{note}" for var in variables]
 
     def as_they_are():

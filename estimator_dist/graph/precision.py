@@ -1,4 +1,5 @@
-"""`--mixed_precision bfloat16`: Keras layers compute in bfloat16, variables and the loss stay float32.
+"""`--mixed_precision bfloat16|float16`: Keras layers compute in 16 bits, variables and the loss
+stay float32. float16 (for GPUs) adds dynamic loss scaling in minimize() (train_op.py).
 
 How, and why this way (TF 2.15 pip wheel, measured):
 - Grappler's `auto_mixed_precision_onednn_bfloat16` rewrite is compiled only
@@ -18,6 +19,11 @@ How, and why this way (TF 2.15 pip wheel, measured):
   last call ends.
 - CPUs without avx512_bf16 / amx_bf16 emulate bfloat16: a ResNet step took
   ~14x the CPU time of float32 on a 2-core AMD EPYC. `cpu_note` says so.
+- float16 (`mixed_float16`): the same mechanism, and minimize() wraps the optimizer in
+  tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer with a dynamic loss
+  scale (float16 gradients underflow without it). TF 2.15 runs float16 Keras layers on a
+  CPU too (measured: digits trains, finite loss, the loss scale in the checkpoint), only
+  slowly: it is meant for GPUs, and `cpu_note` says so on a CPU.
 """
 import os
 import threading
@@ -30,9 +36,14 @@ from estimator_dist.training import model_fn_wrap
 from estimator_dist.errors import UserError
 
 POLICY = "mixed_bfloat16"
+POLICIES = {"bfloat16": POLICY, "float16": "mixed_float16"}
+DTYPES = {"bfloat16": tf.bfloat16, "float16": tf.float16}
 CPUINFO = "/proc/cpuinfo"
 # x86 (AVX512-BF16, AMX) and ARM (FEAT_BF16, "bf16" in /proc/cpuinfo Features).
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+FLOAT16_CPU_NOTE = ("note: no GPU: float16 runs on this CPU without fast float16 kernels, "
+                    "slower than float32; it is meant for GPUs (on a CPU use bfloat16)")
 
 _lock = threading.Lock()
 _depth = 0
@@ -40,36 +51,42 @@ _outer_policy = None
 
 
 def wrap_model_fn(model_fn, mixed_precision: str, model_name: str):
-    """`model_fn` built under the mixed_bfloat16 Keras policy; unchanged for "none".
+    """`model_fn` built under the mixed_bfloat16 / mixed_float16 Keras policy; unchanged for "none".
 
     Raises (from the wrapper, TRAIN mode): UserError when the graph has no
-    bfloat16 op after the call, i.e. the model builds no Keras layers.
+    16-bit op after the call, i.e. the model builds no Keras layers.
     """
     if mixed_precision == "none":
         return model_fn
 
     def call(mode, build):
-        with bfloat16_policy():
+        with mixed_policy(POLICIES[mixed_precision]):
             spec = build()
-        if mode == model_fn_wrap.TRAIN and not has_bfloat16_op(tf.compat.v1.get_default_graph()):
+        if mode == model_fn_wrap.TRAIN and not has_op_of(tf.compat.v1.get_default_graph(),
+                                                         DTYPES[mixed_precision]):
             raise UserError(
-                f"--mixed_precision bfloat16: model {model_name} builds no Keras layers "
+                f"--mixed_precision {mixed_precision}: model {model_name} builds no Keras layers "
                 f"(tf.compat.v1.layers ignore the mixed precision policy), so nothing would "
-                f"compute in bfloat16; drop the flag or build the model_fn from tf.keras.layers")
+                f"compute in {mixed_precision}; drop the flag or build the model_fn from "
+                f"tf.keras.layers")
         return spec
 
     return model_fn_wrap.around(model_fn, call)
 
 
-class bfloat16_policy:  # noqa: N801 - a context manager that reads like a function
-    """The Keras global policy is mixed_bfloat16 inside; the outer one comes back after the last exit."""
+class mixed_policy:  # noqa: N801 - a context manager that reads like a function
+    """The Keras global policy is `policy` inside; the outer one comes back after the last exit.
+    (One run uses one policy: nested calls keep the outermost's.)"""
+
+    def __init__(self, policy: str = POLICY):
+        self._policy = policy
 
     def __enter__(self):
         global _depth, _outer_policy
         with _lock:
             if _depth == 0:
                 _outer_policy = tf.keras.mixed_precision.global_policy()
-                tf.keras.mixed_precision.set_global_policy(POLICY)
+                tf.keras.mixed_precision.set_global_policy(self._policy)
             _depth += 1
         return self
 
@@ -83,20 +100,31 @@ class bfloat16_policy:  # noqa: N801 - a context manager that reads like a funct
         return False
 
 
+def bfloat16_policy():
+    return mixed_policy(POLICY)
+
+
+def has_op_of(graph: tf.Graph, dtype) -> bool:
+    return any(t.dtype == dtype for op in graph.get_operations() for t in op.outputs)
+
+
 def has_bfloat16_op(graph: tf.Graph) -> bool:
-    return any(t.dtype == tf.bfloat16 for op in graph.get_operations() for t in op.outputs)
+    return has_op_of(graph, tf.bfloat16)
 
 
 def cpu_note(mixed_precision: str, cpuinfo_path: str = CPUINFO,
              has_gpu: Optional[bool] = None) -> Optional[str]:
-    """A one-line warning when bfloat16 runs on a CPU without native bfloat16; else None.
+    """A one-line warning when bfloat16 runs on a CPU without native bfloat16, or float16 on
+    a CPU; else None.
 
     None also when there is a GPU or when `cpuinfo_path` is missing or lists no flags.
     """
-    if mixed_precision != "bfloat16":
+    if mixed_precision not in DTYPES:
         return None
     if has_gpu is None:
         has_gpu = devices_lib.gpu_count() > 0
+    if mixed_precision == "float16":
+        return None if has_gpu else FLOAT16_CPU_NOTE
     flags = None if has_gpu else cpu_flags(cpuinfo_path)
     if not flags or any(f in flags for f in NATIVE_BF16_FLAGS):
         return None

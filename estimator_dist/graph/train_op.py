@@ -129,6 +129,30 @@ def collect_update_ops(update_ops=None):
     return ops
 
 
+FLOAT16_POLICY = "mixed_float16"
+LOSS_SCALE = "estimator_dist_loss_scale"  # graph collection: the graph's one DynamicLossScale
+
+
+def loss_scaling_active() -> bool:
+    """--mixed_precision float16 (precision.py sets the Keras policy around the model_fn):
+    float16 gradients underflow to 0 without loss scaling."""
+    return tf.keras.mixed_precision.global_policy().name == FLOAT16_POLICY
+
+
+def loss_scale():
+    """The graph's dynamic loss scale (2**15 at first; halved on a step with an Inf/NaN
+    gradient, which is skipped; doubled after 2000 good steps). One per graph: every replica
+    of a MirroredStrategy model_fn call reads the same variables (current_loss_scale,
+    good_steps), which are saved in the checkpoint."""
+    graph = tf.compat.v1.get_default_graph()
+    found = graph.get_collection(LOSS_SCALE)
+    if found:
+        return found[0]
+    scale = tf.compat.v1.mixed_precision.DynamicLossScale()
+    graph.add_to_collection(LOSS_SCALE, scale)
+    return scale
+
+
 def minimize(loss, params=None, update_ops=None, var_list=None):
     """Build the train op for `loss` from params; call it from a model_fn in TRAIN mode.
 
@@ -144,17 +168,25 @@ def minimize(loss, params=None, update_ops=None, var_list=None):
       Under `--strategy tower` or `--accumulate_steps K > 1` the run's wrapper
       takes the loss over instead and returns a placeholder op: return it as
       the EstimatorSpec's train_op.
+      With --mixed_precision float16 the optimizer is TF's MixedPrecisionLossScaleOptimizer
+      with a dynamic loss scale: a step whose scaled gradients overflow is skipped (no
+      update, the global step does not move) and the scale halves; at scale 1 a non-finite
+      gradient fails the step as in float32.
     """
     params = _params_of_run(params)
     if _HANDLERS:
         return _HANDLERS[-1](loss, params, update_ops, var_list)
     optimizer = make_optimizer(params)
+    scale = loss_scale() if loss_scaling_active() else None
+    if scale is not None:
+        optimizer = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, scale)
     global_step = tf.compat.v1.train.get_or_create_global_step()
     setting = params.get("gradient_compression", "none")
     with tf.control_dependencies(collect_update_ops(update_ops)):
         grads_and_vars = gradients(optimizer, loss, var_list)
         # optimizer.minimize() without the guard would apply NaN/Inf gradients.
-        checked = numerics.guard(loss, grads_and_vars)
+        checked = numerics.guard(loss, grads_and_vars,
+                                 overflow_ok=None if scale is None else scale() > 1.0)
         if not compression.active(setting):
             return optimizer.apply_gradients(checked, global_step=global_step)
         reduced = numerics.guard(None, compression.all_reduce(checked, setting),

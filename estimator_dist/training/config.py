@@ -25,8 +25,8 @@ from estimator_dist.training.config_yaml import (  # noqa: F401 - re-exported
     CONFIG_FILE, load_saved, load_yaml, save)
 
 EXPORT_MODES = ("latest", "best", "final", "none")
-VARIABLE_DEVICES = ("cpu", "device0")
-MIXED_PRECISION = ("none", "bfloat16")
+VARIABLE_DEVICES = ("auto", "cpu", "device0")
+MIXED_PRECISION = ("none", "bfloat16", "float16")
 GRADIENT_COMPRESSION = ("none", "fp16", "bf16")  # compression.SETTINGS
 MAX_STEPS = 2**63 - 1  # the global step is an int64
 
@@ -220,7 +220,7 @@ def validate(config: Config):
         raise UserError(f"--num_devices {d.num_devices}: must be >= 0 (0 = auto)")
     if d.variable_device not in VARIABLE_DEVICES:
         raise UserError(f"--variable_device {d.variable_device}: must be "
-                        f"{' or '.join(VARIABLE_DEVICES)}")
+                        f"{', '.join(VARIABLE_DEVICES[:-1])} or {VARIABLE_DEVICES[-1]}")
     if d.accumulate_steps < 1:
         raise UserError(f"--accumulate_steps {d.accumulate_steps}: must be >= 1 "
                         f"(1 = apply every batch)")
@@ -232,7 +232,7 @@ def validate(config: Config):
                         f"{', '.join(GRADIENT_COMPRESSION)}")
     if config.compute.mixed_precision not in MIXED_PRECISION:
         raise UserError(f"--mixed_precision {config.compute.mixed_precision}: must be "
-                        f"{' or '.join(MIXED_PRECISION)}")
+                        f"{', '.join(MIXED_PRECISION[:-1])} or {MIXED_PRECISION[-1]}")
     _refuse_ignored(config)
 
 
@@ -270,11 +270,16 @@ IGNORED_UNLESS = (
 )
 
 
+# Former defaults a saved config.yaml holds (every field is written): read as "not given".
+FORMER_DEFAULTS = {"variable_device": ("cpu",)}  # the default before "auto"
+
+
 def _ignored(config: Config):
     """(section, field, value, read by, fix) of each setting given that nothing reads."""
     for section, name, read, reader, fix in IGNORED_UNLESS:
         value = getattr(getattr(config, section), name)
-        if value != getattr(SECTIONS[section], name) and not read(config):
+        unset = (getattr(SECTIONS[section], name),) + FORMER_DEFAULTS.get(name, ())
+        if value not in unset and not read(config):
             yield section, name, value, reader, fix
 
 

@@ -174,10 +174,12 @@ class DistributeConfig:
         "devices",
         "0 = auto (all GPUs, one for `none`/`one_device`; else 1 CPU); on a CPU-only machine "
         "N logical CPU devices (at most max(8, cores))", "0", "N"))
-    variable_device: str = field(default="cpu", metadata=flag(
-        "tower only: where the one set of variables lives, cpu | device0 (default cpu)",
-        "`tower` only: where the one set of variables lives, `cpu` or `device0`", "`cpu`",
-        empty=("cpu or device0", "cpu")))
+    variable_device: str = field(default="auto", metadata=flag(
+        "tower only: where the one set of variables lives, auto | cpu | device0 (default auto: "
+        "device0 on GPUs, cpu on CPUs)",
+        "`tower` only: where the one set of variables lives, `auto` (`device0` on GPUs, `cpu` "
+        "on CPUs), `cpu` or `device0`", "`auto`",
+        empty=("auto, cpu or device0", "auto")))
     accumulate_steps: int = field(default=1, metadata=flag(
         "K: apply one update every K batches, equal to one step on a K times larger batch "
         "(none, one_device, mirrored, tower; default 1). The global step counts updates: "
@@ -205,11 +207,12 @@ class ComputeConfig:
         "compile the graph with XLA (TF1 `global_jit_level` ON_1; on CPUs too), train, eval "
         "and export (see \"XLA and bfloat16\")", "off"))
     mixed_precision: str = field(default="none", metadata=flag(
-        "none | bfloat16: Keras layers of the model_fn compute in bfloat16, variables and the "
-        "loss stay float32 (default none)",
-        "`none` or `bfloat16`: the model_fn's `tf.keras` layers compute in bfloat16; "
-        "variables, loss, metrics and exported predictions stay float32", "`none`",
-        empty=("none or bfloat16", "none")))
+        "none | bfloat16 | float16: Keras layers of the model_fn compute in 16 bits, variables "
+        "and the loss stay float32; float16 (for GPUs) adds dynamic loss scaling (default none)",
+        "`none`, `bfloat16` or `float16` (GPUs; dynamic loss scaling): the model_fn's "
+        "`tf.keras` layers compute in 16 bits; variables, loss, metrics and exported "
+        "predictions stay float32", "`none`",
+        empty=("none, bfloat16 or float16", "none")))
 
 
 SECTIONS = {"data": DataConfig, "train": TrainConfig, "distribute": DistributeConfig,

@@ -136,6 +136,9 @@ def _per_replica_batch(config: config_lib.Config, devices, workers: int) -> int:
     strategies.check_accumulate(name, config.distribute.accumulate_steps)
     strategies.check_compression(name, config.distribute.gradient_compression,
                                  config.distribute.accumulate_steps)
+    strategies.check_precision(name, config.compute.mixed_precision,
+                               config.distribute.accumulate_steps,
+                               config.distribute.gradient_compression)
     return strategies.per_replica_batch(name, config.train.batch_size, devices, workers)
 
 

@@ -9,37 +9,39 @@ import sys
 import pytest
 
 from estimator_dist.bench import main as bench
+from estimator_dist.bench import plan as bench_plan
+from estimator_dist.bench import results as bench_results
 from estimator_dist.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def measurement(model, name, round_index, rate, first=10.0):
-    case = next(c for c in bench.cases_for(model) if c.name == name)
-    return bench.Measurement(case, round_index, ok=True, examples_per_sec=rate,
+    case = next(c for c in bench_plan.cases_for(model) if c.name == name)
+    return bench_results.Measurement(case, round_index, ok=True, examples_per_sec=rate,
                              first_step_seconds=first, peak_rss_mb=500.0, cpu_ms_per_step=1.0)
 
 
 def test_rounds_alternate_order_and_every_target_compares_cases_of_one_group(monkeypatch):
-    monkeypatch.setattr(bench, "horovod_installed", lambda: True)
-    rounds = bench.schedule(bench.Options(rounds=3))
+    monkeypatch.setattr(bench_plan, "horovod_installed", lambda: True)
+    rounds = bench_plan.schedule(bench_plan.Options(rounds=3))
     flat = [[case for group in groups for case in group] for groups in rounds]
     assert flat[1] == list(reversed(flat[0])) and rounds[2] == rounds[0]
-    assert sorted(flat[0], key=str) == sorted(bench.selected_cases(bench.Options()), key=str)
+    assert sorted(flat[0], key=str) == sorted(bench_plan.selected_cases(bench_plan.Options()), key=str)
     for groups in rounds:
         assert all(len({c.group for c in group}) == 1 for group in groups)
-    names = {model: {c.name: c for c in bench.cases_for(model)} for model in bench.MODELS}
-    for _, numerator, denominator, _, goal in bench.TARGETS:
+    names = {model: {c.name: c for c in bench_plan.cases_for(model)} for model in bench_plan.MODELS}
+    for _, numerator, denominator, _, goal in bench_plan.TARGETS:
         pairs = [(cases[numerator], cases[denominator]) for cases in names.values()
                  if numerator in cases and denominator in cases]
         assert pairs
         if goal is not None:  # every target with a goal is measured interleaved
             assert all(a.group == b.group for a, b in pairs)
-    for _, two, one in bench.BOUNDS:  # measured interleaved with the step they bound
+    for _, two, one in bench_plan.BOUNDS:  # measured interleaved with the step they bound
         for cases in names.values():
-            assert {cases[n].group for n in (bench.MWMS_1, two, one) if n} == \
-                {cases[bench.MWMS_1].group}
-    for model, wanted in bench.QUICK_CASES.items():
+            assert {cases[n].group for n in (bench_plan.MWMS_1, two, one) if n} == \
+                {cases[bench_plan.MWMS_1].group}
+    for model, wanted in bench_plan.QUICK_CASES.items():
         assert set(wanted) <= set(names[model])
     assert "project none N=1 bfloat16" in set(names["mlp"]) - set(names["cifar"])  # v1 layers
     horovod = [c for c in names["mlp"].values() if c.strategy == "horovod"]
@@ -47,9 +49,9 @@ def test_rounds_alternate_order_and_every_target_compares_cases_of_one_group(mon
 
 
 def test_quick_runs_a_subset_and_cases_filters():
-    quick = bench.selected_cases(bench.Options(quick=True))
-    assert 0 < len(quick) < len(bench.selected_cases(bench.Options()))
-    only = bench.selected_cases(bench.Options(models=("mlp",), only=("keras",)))
+    quick = bench_plan.selected_cases(bench_plan.Options(quick=True))
+    assert 0 < len(quick) < len(bench_plan.selected_cases(bench_plan.Options()))
+    only = bench_plan.selected_cases(bench_plan.Options(models=("mlp",), only=("keras",)))
     assert {c.driver for c in only} == {"keras"} and {c.model for c in only} == {"mlp"}
 
 
@@ -61,7 +63,7 @@ def test_ratios_are_taken_within_each_round_then_the_median():
             measurement("mlp", "project multi_worker_mirrored 2 worker(s) x 1 core", 0, 180.0),
             measurement("mlp", "project multi_worker_mirrored 1 worker(s) x 1 core", 0, 100.0)]
     targets = {t["target"]: t for t in
-               bench.target_rows(bench.Options(models=("mlp",), rounds=2), runs)}
+               bench_results.target_rows(bench_plan.Options(models=("mlp",), rounds=2), runs)}
     plain = targets["project none / plain Estimator, N=1"]
     assert plain["rounds"] == [1.0, round(50 / 49, 4)] and plain["met"]
     assert math.isclose(plain["ratio"], (1.0 + 50 / 49) / 2)
@@ -79,21 +81,21 @@ def test_interleaved_cases_are_compared_burst_by_burst():
     b = measurement("mlp", "plain none N=1", 0, 100.0)
     a.burst_examples_per_sec = [90.0, 90.0, 45.0, 45.0, 90.0]
     b.burst_examples_per_sec = [100.0, 100.0, 50.0, 50.0, 100.0]
-    t = next(t for t in bench.target_rows(bench.Options(models=("mlp",)), [a, b])
+    t = next(t for t in bench_results.target_rows(bench_plan.Options(models=("mlp",)), [a, b])
              if t["target"] == "project none / plain Estimator, N=1")
     assert math.isclose(t["ratio"], 0.9) and not t["met"]
 
 
 @pytest.mark.parametrize("options, message", [
-    (bench.Options(rounds=0), "--rounds 0: must be 1-100"),
-    (bench.Options(rounds=10 ** 10), "--rounds 10000000000: must be 1-100"),  # hung in schedule()
-    (bench.Options(models=("resnet",)), "--models resnet: choose from cifar, mlp"),
-    (bench.Options(only=("nothing like it",)), "matches no case"),
+    (bench_plan.Options(rounds=0), "--rounds 0: must be 1-100"),
+    (bench_plan.Options(rounds=10 ** 10), "--rounds 10000000000: must be 1-100"),  # hung in schedule()
+    (bench_plan.Options(models=("resnet",)), "--models resnet: choose from cifar, mlp"),
+    (bench_plan.Options(only=("nothing like it",)), "matches no case"),
 ])
 def test_bad_options_are_user_errors(options, message):
     with pytest.raises(UserError, match=message):
-        bench.check_options(options)
-        bench.schedule(options)
+        bench_plan.check_options(options)
+        bench_plan.schedule(options)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -125,21 +127,21 @@ def test_an_output_dir_holding_other_files_is_refused(tmp_path):
     (out / "logs").mkdir(parents=True)
     (out / "logs" / "case.log").write_text("an earlier bench's log")
     (out / "bench.csv").write_text("")
-    bench.check_output_dir(str(out))
+    bench_plan.check_output_dir(str(out))
     (out / "logs" / "important.txt").write_text("mine")
     with pytest.raises(UserError, match=f"^--output_dir {out}: holds logs/important.txt, which "
                                         f"a bench run did not write; give an empty directory"):
-        bench.check_output_dir(str(out))
+        bench_plan.check_output_dir(str(out))
     (out / "logs" / "important.txt").unlink()
     (out / "work" / "notes").mkdir(parents=True)
     with pytest.raises(UserError, match="holds work/notes, which"):
-        bench.check_output_dir(str(out))
+        bench_plan.check_output_dir(str(out))
     (out / "work" / "notes").rmdir()
     (out / "thesis.tex").write_text("")
     with pytest.raises(UserError, match="holds thesis.tex, which"):
-        bench.check_output_dir(str(out))
+        bench_plan.check_output_dir(str(out))
     with pytest.raises(UserError, match="is a file; give a directory"):
-        bench.check_output_dir(str(out / "thesis.tex"))
+        bench_plan.check_output_dir(str(out / "thesis.tex"))
 
 
 @pytest.mark.timeout(400)
@@ -149,7 +151,7 @@ def test_quick_bench_writes_table_csv_and_png(tmp_path):
                            "--output_dir", str(out)],
                           capture_output=True, text=True, cwd=REPO, timeout=380)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    expected = {(c.model, c.name) for c in bench.selected_cases(bench.Options(quick=True))}
+    expected = {(c.model, c.name) for c in bench_plan.selected_cases(bench_plan.Options(quick=True))}
     for model, name in expected:
         assert name in proc.stdout
     assert "examples/sec" in proc.stdout and "target" in proc.stdout
@@ -161,15 +163,15 @@ def test_quick_bench_writes_table_csv_and_png(tmp_path):
         assert float(r["examples_per_sec"]) > 0 and float(r["first_step_seconds"]) > 0
         assert float(r["peak_rss_mb"]) > 50 and r["failed_runs"] == "0"
     project = next(r for r in rows if r["case"] == "project mirrored N=2")
-    assert int(project["global_batch"]) == bench.QUICK_SETTINGS["mlp"].batch
+    assert int(project["global_batch"]) == bench_plan.QUICK_SETTINGS["mlp"].batch
     two = next(r for r in rows if r["case"].startswith("project multi_worker_mirrored 2"))
-    assert int(two["global_batch"]) == 2 * bench.QUICK_SETTINGS["mlp"].batch  # per-worker batch kept
+    assert int(two["global_batch"]) == 2 * bench_plan.QUICK_SETTINGS["mlp"].batch  # per-worker batch kept
 
     with open(out / "targets.csv", newline="") as f:
         targets = list(csv.DictReader(f))
     scaling = next(t for t in targets if t["model"] == "mlp" and t["target"].startswith("2-worker"))
     assert float(scaling["ratio"]) > 0
-    ran = {label for label, two, _ in bench.BOUNDS if ("mlp", two) in expected}
+    ran = {label for label, two, _ in bench_plan.BOUNDS if ("mlp", two) in expected}
     bounds = [t for t in targets if t["model"] == "mlp" and t["target"] in ran]
     assert len(bounds) == len(ran) >= 2  # MWMS's all-reduce, the TCP ring
     for t in bounds:  # the all-reduce costs something, so each bound lies in (0, 1]
@@ -178,7 +180,7 @@ def test_quick_bench_writes_table_csv_and_png(tmp_path):
     with open(out / "bench.json") as f:
         runs = json.load(f)["runs"]
     assert all(run["ok"] for run in runs)
-    assert all(len(run["burst_examples_per_sec"]) == bench.QUICK_SETTINGS["mlp"].bursts
+    assert all(len(run["burst_examples_per_sec"]) == bench_plan.QUICK_SETTINGS["mlp"].bursts
                for run in runs if run["case"].startswith("mlp:"))
 
     png = (out / "bench.png").read_bytes()
@@ -235,7 +237,7 @@ def test_clock_reports_ready_after_warmup_then_bursts_without_their_first_step(m
 def test_case_run_figures_are_the_median_step_and_the_window_mean():
     from estimator_dist.bench import case_runner as bench_runner
 
-    case = bench.cases_for("mlp")[0]
+    case = bench_plan.cases_for("mlp")[0]
     run = bench_runner.CaseRun(case, 0, "log", global_batch=100)
     run.ready = {"first_step_seconds": 2.0, "onednn": True}
     run.bursts = [{"steps": 3, "step_seconds": [1.0, 1.0], "cpu_seconds": 6.0},
@@ -251,11 +253,11 @@ def test_case_run_figures_are_the_median_step_and_the_window_mean():
 def test_a_case_that_dies_fails_alone_and_its_group_goes_on(tmp_path):
     from estimator_dist.bench import case_runner as bench_runner
 
-    options = bench.Options(output_dir=str(tmp_path), quick=True, case_timeout=120)
+    options = bench_plan.Options(output_dir=str(tmp_path), quick=True, case_timeout=120)
     (tmp_path / "logs").mkdir()
     (tmp_path / "specs").mkdir()
-    settings = bench.QUICK_SETTINGS
-    good, bad = [c for c in bench.cases_for("mlp") if c.name in ("plain none N=1",
+    settings = bench_plan.QUICK_SETTINGS
+    good, bad = [c for c in bench_plan.cases_for("mlp") if c.name in ("plain none N=1",
                                                                  "project none N=1")]
 
     def spec_for(case, model_dir, worker):

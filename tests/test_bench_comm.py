@@ -8,6 +8,8 @@ import tensorflow as tf
 
 from conftest import run_cli
 from estimator_dist.bench import main as bench
+from estimator_dist.bench import plan as bench_plan
+from estimator_dist.bench import results as bench_results
 from estimator_dist.bench import comm as bench_comm
 from estimator_dist.errors import UserError
 from estimator_dist.launch.supervisor import free_ports
@@ -68,26 +70,26 @@ def test_bench_comm_copies_only_a_bench_model():
 
 
 def measurement(name, rate, cpu_ms, round_index=0):
-    case = next(c for c in bench.cases_for("mlp") if c.name == name)
-    return bench.Measurement(case, round_index, ok=True, examples_per_sec=rate, cpu_ms_per_step=cpu_ms)
+    case = next(c for c in bench_plan.cases_for("mlp") if c.name == name)
+    return bench_results.Measurement(case, round_index, ok=True, examples_per_sec=rate, cpu_ms_per_step=cpu_ms)
 
 
 def test_bounds_are_the_step_over_the_step_plus_what_a_second_worker_adds():
-    batch = bench.SETTINGS["mlp"].batch  # per worker
-    runs = [measurement(bench.MWMS_1, batch / 0.010, cpu_ms=9.0),  # a 10 ms step
+    batch = bench_plan.SETTINGS["mlp"].batch  # per worker
+    runs = [measurement(bench_plan.MWMS_1, batch / 0.010, cpu_ms=9.0),  # a 10 ms step
             measurement("comm multi_worker_mirrored 1 worker(s) x 1 core", batch / 0.002, 2.0),
             measurement("comm multi_worker_mirrored 2 worker(s) x 1 core", 2 * batch / 0.007, 8.0),
             measurement("tcp ring 2 worker(s) x 1 core", 2 * batch / 0.0025, 1.0)]
-    rows = {t["target"]: t for t in bench.target_rows(bench.Options(models=("mlp",), rounds=1), runs)}
+    rows = {t["target"]: t for t in bench_results.target_rows(bench_plan.Options(models=("mlp",), rounds=1), runs)}
     mwms = rows["2-worker scaling bound: MWMS all-reduce alone"]
     assert math.isclose(mwms["ratio"], 10 / (10 + 5)) and mwms["met"] is None
     note = "all-reduce 5.00 ms/step, 3.42 MB of gradients/step"  # the MLP's 855,050 floats
     assert math.isclose(mwms["cpu_ratio"], 9 / (9 + 6)) and mwms["note"] == note
     tcp = rows["2-worker scaling bound: bare TCP ring alone"]
     assert math.isclose(tcp["ratio"], 10 / 12.5) and math.isclose(tcp["cpu_ratio"], 0.9)
-    missing = bench.target_rows(bench.Options(models=("mlp",), rounds=1), runs[:2])
-    assert [t["rounds"] for t in missing if "bound" in t["target"]] == [[]] * len(bench.BOUNDS)
-    assert f"({note})" in bench.format_targets(list(rows.values()))
+    missing = bench_results.target_rows(bench_plan.Options(models=("mlp",), rounds=1), runs[:2])
+    assert [t["rounds"] for t in missing if "bound" in t["target"]] == [[]] * len(bench_plan.BOUNDS)
+    assert f"({note})" in bench_results.format_targets(list(rows.values()))
 
 
 def test_a_bench_of_the_tcp_ring_alone_writes_its_tables_and_no_plot(tmp_path):

@@ -176,8 +176,9 @@ def report(args):
 
 def bench(args):
     from estimator_dist.bench import main as bench_lib
+    from estimator_dist.bench import plan as bench_plan
 
-    return bench_lib.run(bench_lib.options_from_args(args))
+    return bench_lib.run(bench_plan.options_from_args(args))
 
 
 COMMANDS = {"bench": bench, "report": report, "train": train, "evaluate": evaluate, "export": export, "predict": predict,

@@ -122,3 +122,8 @@ def restarts_whole_cluster(name) -> bool:
 def tf_config_strategies() -> Tuple[str, ...]:
     """The strategies that span a TF_CONFIG cluster."""
     return with_feature(lambda s: s.needs_tf_config)
+
+
+def spans_tf_config(name) -> bool:
+    """A --strategy (or another name: False) whose processes form a TF_CONFIG cluster."""
+    return name in SPECS and SPECS[name].needs_tf_config

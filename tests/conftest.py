@@ -1,7 +1,11 @@
-"""Shared test setup: quiet TensorFlow, register built-ins, small training helpers."""
+"""Shared test setup: quiet TensorFlow, register built-ins, small training helpers, test tiers."""
+import ast
+import functools
+import inspect
 import os
 import subprocess
 import sys
+import textwrap
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -74,3 +78,76 @@ def trained_digits(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("digits_none")
     summary = quick_train(model_dir, steps=60)
     return model_dir, summary
+
+
+# --- Tiers ----------------------------------------------------------------------------------------
+# `make test` runs every test; `make test-fast` runs `-m "not process and not slow"`: the unit tier.
+# The rule, applied at collection: a test is marked `process` when its code names a way to start a
+# process (SPAWNS: subprocess, Popen, sys.executable, pty, launcher.Supervisor, ...), looking at the
+# names used by the test function, by the fixtures it requests and, followed transitively, by the
+# functions and classes defined under tests/ that these name (run_cli, test_cluster.Run, a module
+# helper). Names, not text: a docstring that says "subprocess" does not count. PROCESS and SLOW list
+# by "file::name" the few tests the rule gets wrong, and in-process tests too slow for the fast tier
+# (each trains for many seconds; measured with --durations).
+SPAWNS = frozenset({"subprocess", "Popen", "executable", "pty", "fork", "multiprocessing",
+                    "Supervisor", "run_group"})
+PROCESS = frozenset()
+SLOW = frozenset()
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _defined_in_tests(obj) -> bool:
+    try:
+        path = inspect.getsourcefile(obj)
+    except TypeError:  # a built-in
+        return False
+    return bool(path) and os.path.dirname(os.path.abspath(path)) == TESTS
+
+
+@functools.lru_cache(maxsize=None)
+def _uses(obj):
+    """(names, attributes): the bare names and the `x.attr` pairs in obj's source."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    attributes = {(n.value.id, n.attr) for n in ast.walk(tree)
+                  if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    return names, attributes
+
+
+def spawns_processes(*objects) -> bool:
+    """True when these functions or classes, or the tests/ functions and classes they name (and
+    so on), use one of SPAWNS."""
+    seen, todo = set(), list(objects)
+    while todo:
+        obj = inspect.unwrap(todo.pop())
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        names, attributes = _uses(obj)
+        if (names | {attr for _, attr in attributes}) & SPAWNS:
+            return True
+        scope = vars(sys.modules[obj.__module__])
+        found = [scope.get(name) for name in names]
+        found += [getattr(scope.get(base), attr, None) for base, attr in attributes
+                  if inspect.ismodule(scope.get(base)) and _defined_in_tests(scope.get(base))]
+        todo.extend(f for f in found if (inspect.isfunction(f) or inspect.isclass(f))
+                    and _defined_in_tests(f))
+    return False
+
+
+def _test_id(item) -> str:
+    return f"{os.path.basename(str(item.path))}::{item.originalname}"
+
+
+def is_process_test(item) -> bool:
+    fixtures = [defs[-1].func for defs in item._fixtureinfo.name2fixturedefs.values()
+                if _defined_in_tests(defs[-1].func)]
+    return _test_id(item) in PROCESS or spawns_processes(item.function, *fixtures)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if is_process_test(item):
+            item.add_marker(pytest.mark.process)
+        if _test_id(item) in SLOW:
+            item.add_marker(pytest.mark.slow)

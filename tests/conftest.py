@@ -175,7 +175,10 @@ def _defined_in_tests(obj) -> bool:
 @functools.lru_cache(maxsize=None)
 def _uses(obj):
     """(names, attributes): the bare names and the `x.attr` pairs in obj's source."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+    except (OSError, SyntaxError):  # no source, or a lambda's line that is not a statement
+        return set(), set()
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     attributes = {(n.value.id, n.attr) for n in ast.walk(tree)
                   if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}

@@ -28,7 +28,8 @@ HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHO
   $(if $(GPU),HOROVOD_GPU_OPERATIONS=NCCL)
 HVD := $(filter horovod,$(LAUNCHER) $(STRATEGY))
 
-.PHONY: venv horovod train gpu-check test bench export predict list cluster clean distclean
+.PHONY: venv horovod train gpu-check test test-fast bench export predict list cluster clean \
+  distclean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,8 +56,17 @@ train: $(STAMP)
 gpu-check: $(STAMP)
 	$(BIN)/python -m estimator_dist.bench.gpu_check $(if $(STEPS),--steps $(STEPS)) $(ARGS)
 
+# TESTARGS are pytest arguments. When they name a path (tests, tests/x.py, tests/x.py::test_y,
+# x.py) only that runs; otherwise (TESTARGS="-k foo -x") they filter the whole tests directory.
+TESTPATHS = $(if $(filter tests tests/% %.py,$(TESTARGS))$(findstring .py::,$(TESTARGS)),,tests)
+
 test: $(HOROVOD_STAMP)
-	$(BIN)/python -m pytest -q tests $(TESTARGS)
+	$(BIN)/python -m pytest -q $(TESTPATHS) $(TESTARGS)
+
+# The unit tier: no test that starts a process (CLI runs, clusters, Horovod ranks) or trains for
+# long; tests/conftest.py marks them `process` and `slow`. Under 2 minutes on 2 cores.
+test-fast: $(HOROVOD_STAMP)
+	$(BIN)/python -m pytest -q -m "not process and not slow" $(TESTPATHS) $(TESTARGS)
 
 bench: $(HOROVOD_STAMP)
 	$(BIN)/estimator-dist bench --output_dir $(BENCH_DIR) $(ARGS)

@@ -172,12 +172,12 @@ def test_tower_variables_default_to_the_first_gpu_and_to_the_cpu_without_gpus(
     gradient combine and update, on GPU:0 when the towers are GPUs (on /cpu:0 every gradient
     and variable crossed PCIe each step); the explicit values keep meaning what they say."""
     from conftest import make_config
-    from estimator_dist.training import run as runner
+    from estimator_dist.training import plan as plan_lib
     gpus(count)
     flags = {"strategy": "tower", "num_devices": 0 if count else 2, "batch_size": 16}
     if setting != "auto":
         flags["variable_device"] = setting
-    p = runner.plan(make_config(**flags))
+    p = plan_lib.plan(make_config(**flags))
     assert p.config.distribute.variable_device == setting
     assert strategies.variable_device("tower", setting, p.devices) == expected
-    assert f"variables on {expected} |" in runner.describe(p)
+    assert f"variables on {expected} |" in plan_lib.describe(p)

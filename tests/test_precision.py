@@ -164,7 +164,7 @@ def test_float32_and_bfloat16_build_no_loss_scale(digits_runs):
 ])
 def test_float16_refused_where_nothing_scales_the_loss(flags, message):
     with pytest.raises(UserError, match="^" + message):
-        runner.plan(make_config(mixed_precision="float16", **flags))
+        plan_lib.plan(make_config(mixed_precision="float16", **flags))
 
 
 def test_overflowing_gradients_pass_to_the_loss_scaler_until_its_scale_is_1():

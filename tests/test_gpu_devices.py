@@ -181,3 +181,22 @@ def test_tower_variables_default_to_the_first_gpu_and_to_the_cpu_without_gpus(
     assert p.config.distribute.variable_device == setting
     assert strategies.variable_device("tower", setting, p.devices) == expected
     assert f"variables on {expected} |" in plan_lib.describe(p)
+
+
+def test_a_ps_task_keeps_no_gpu(gpus, monkeypatch):
+    """Issue 30 item 6: a ps task's variables landed on its GPU:0; it hides every GPU, while a
+    worker of the same cluster keeps the GPUs it computes on."""
+    import json
+
+    from conftest import make_config
+    from estimator_dist.training import plan as plan_lib
+
+    cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
+    seen = {}
+    for task in ("ps", "worker"):
+        recorder = gpus(2)
+        monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,
+                                                    "task": {"type": task, "index": 0}}))
+        plan_lib.plan(make_config(strategy="parameter_server", num_devices=1, batch_size=16))
+        seen[task] = recorder.visible
+    assert seen == {"ps": [], "worker": ["/physical_device:GPU:0"]}

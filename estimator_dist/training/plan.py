@@ -86,9 +86,9 @@ def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None)
     devices = (hvd_lib.devices(config.distribute.num_devices) if role.horovod
                else devices_lib.resolve(config.distribute.num_devices,
                                         single_device=strategies.runs_one_device(name)))
-    claimed = strategies.gpus_to_claim(name, devices)
-    if claimed:
-        devices_lib.claim_gpus(claimed)
+    claimed = strategies.gpus_to_claim(name, devices) if role.computes else ()
+    if claimed or (not role.computes and devices.kind == "GPU"):
+        devices_lib.claim_gpus(claimed)  # a ps keeps none: its variables stay on its CPU
     per_replica = _per_replica_batch(config, devices, workers)
     if input_meta is None:
         input_meta = run_prepare(input_entry, input_params(config, per_replica))

@@ -174,6 +174,12 @@ class Role:
 
     # -- what it builds and runs -------------------------------------------------------
     @property
+    def computes(self) -> bool:
+        """Runs model ops. A ps only holds variables: with a GPU visible, TF placed them on
+        its GPU:0 (a copy over PCIe for every read); it keeps no GPU."""
+        return self.kind != PS
+
+    @property
     def builds_strategy(self) -> bool:
         """The evaluator runs without a strategy: MultiWorkerMirrored cannot be copied into
         its RunConfig, and evaluation needs no replicas."""

@@ -58,7 +58,8 @@ def resolved(params: Dict, input_context=None) -> Dict:
     """params with the position keys an input called outside a run may lack: one slice per
     replica in sync (or one), slices of params["batch_size"]."""
     total = int(params.get("batch_slices") or (
-        input_context.num_replicas_in_sync if input_context is not None else 1))
+        max(input_context.num_replicas_in_sync, input_context.num_input_pipelines)
+        if input_context is not None else 1))
     return {**params, "batch_slices": total,
             "global_batch_size": params.get("global_batch_size") or
             int(params["batch_size"]) * total}

@@ -97,3 +97,17 @@ def test_cifar_without_a_seed_draws_one_order_in_every_pipeline():
     whole = next(iter(cifar.cifar_input(TRAIN, {**params, "batch_slices": 1,
                                                 "batch_size": GLOBAL})))
     np.testing.assert_array_equal(np.concatenate([h[1] for h in halves]), whole[1])
+
+
+def test_scale_lr_refuses_a_resume_on_another_replica_count(tmp_path):
+    from estimator_dist.errors import UserError
+    from estimator_dist.training import checkpoints
+
+    (tmp_path / "config.yaml").write_text("model: digits\nreplicas: 2\n")
+    for name in ("model.ckpt-60.index", "model.ckpt-60.data-00000-of-00001"):
+        (tmp_path / name).write_text("")
+    checkpoints.check_same_lr_scale(str(tmp_path), True, 2)
+    checkpoints.check_same_lr_scale(str(tmp_path), False, 3)  # no scaling: any count
+    with pytest.raises(UserError, match=r"^--scale_lr: the checkpoints in .* learning rate "
+                                        r"x 2 \(replicas\), this run has 3; resume with 2"):
+        checkpoints.check_same_lr_scale(str(tmp_path), True, 3)

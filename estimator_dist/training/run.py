@@ -219,6 +219,8 @@ def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
     if p.writes_run_files:  # before anything is written: refuse a damaged or mismatched checkpoint
         guards.check_resume(p.model_dir, build_model_fn(p),
                             make_input_fn(p, tf.estimator.ModeKeys.TRAIN), p.params(), say=out)
+        checkpoints_lib.check_same_lr_scale(p.model_dir, config.distribute.scale_lr,
+                                            p.replicas)
     start_step = resume_step(p)
     # The input continues the data stream at the checkpoint's step (position.py).
     p = dataclasses.replace(p, start_step=start_step or 0)

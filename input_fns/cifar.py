@@ -2,7 +2,6 @@
 import hashlib
 import http.client
 import os
-import random
 import shutil
 import tarfile
 import tempfile
@@ -14,7 +13,7 @@ import tensorflow as tf
 
 from estimator_dist.distribute import devices as devices_lib
 from estimator_dist import files
-from estimator_dist.training import reader_priority
+from estimator_dist.training import position, reader_priority
 from estimator_dist.errors import UserError
 from estimator_dist.training.registry import register_input
 from input_fns import cifar_split
@@ -316,10 +315,10 @@ def synthetic_arrays(count):
 def cifar_input(mode, params, input_context=None):
     """CIFAR-10 as ({"image": float32 [B,32,32,3]}, int32 [B]); batch_size is per pipeline.
 
-    Training decodes the split (this pipeline's shard) once into memory, padded and
-    mirrored for the crops (480 MB for the whole training set, cifar_split.py), and
-    draws batches from a new permutation every epoch; eval reads the test set once,
-    in file order.
+    Training decodes the whole split once into memory, padded and mirrored for the
+    crops (480 MB for the whole training set, cifar_split.py), in every pipeline: each
+    takes its slices of the global batches, which follow a new permutation every epoch
+    (training/position.py); eval reads the test set once, in file order.
     """
     training = mode == tf.estimator.ModeKeys.TRAIN
     batch_size = int(params["batch_size"])
@@ -335,28 +334,33 @@ def cifar_input(mode, params, input_context=None):
 
 
 def training_batches(params, batch_size, input_context=None) -> tf.data.Dataset:
-    """Endless augmented, standardized batches of this pipeline's share of the training split.
+    """Endless augmented, standardized batches: this pipeline's slices of the global batches,
+    from params['start_step'] on (training/position.py; batch k a function of (seed, k)).
 
     The reader's CPU is taken from the training step's cores: one NumPy call per batch
     (cifar_split.py), on the reader's own threads at a lower priority (reader_priority.py).
     """
-    split = training_split(params, input_context)
-    if not len(split):  # an empty shard: no batches (not endless epochs of nothing)
+    split = training_split(params)  # every pipeline the whole split: it takes its slices
+    if not len(split):  # an empty split: no batches (not endless epochs of nothing)
         return tf.data.Dataset.from_tensors((
             {"image": tf.zeros([batch_size, HEIGHT, WIDTH, CHANNELS])},
             tf.zeros([batch_size], tf.int32))).take(0)
-    seed = params.get("seed")
-    seed = random.SystemRandom().randrange(1 << 31) if seed is None else int(seed)
-    batches = cifar_split.Batches(split, batch_size, seed,
+    position_params = position.resolved(params, input_context)
+    batches = cifar_split.Batches(split, int(position_params["global_batch_size"]),
+                                  position.data_seed(params),
                                   reader_priority.nice_value(params.get("reader_nice")))
 
-    def batch(k):
-        images, labels = tf.numpy_function(batches, [k], (tf.float32, tf.int32), stateful=False)
+    def element(j):
+        return batches.slice(*position.element_position(position_params, input_context, int(j)))
+
+    def batch(j):
+        images, labels = tf.numpy_function(element, [j], (tf.float32, tf.int32), stateful=False)
         images.set_shape([batch_size, HEIGHT, WIDTH, CHANNELS])
         labels.set_shape([batch_size])
         return {"image": images}, labels
 
-    return tf.data.Dataset.range(ENDLESS).map(batch, num_parallel_calls=tf.data.AUTOTUNE)
+    first = position.start_element(position_params, input_context)
+    return tf.data.Dataset.range(first, ENDLESS).map(batch, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def pipeline_options() -> tf.data.Options:

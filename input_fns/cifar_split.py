@@ -16,7 +16,7 @@ import threading
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from estimator_dist.training import reader_priority
+from estimator_dist.training import position, reader_priority
 
 HEIGHT = WIDTH = 32
 CHANNELS = 3
@@ -117,12 +117,21 @@ class Batches:
         self._lock = threading.Lock()
 
     def __call__(self, k):
+        return self.slice(k, 0, self.batch_size)
+
+    def slice(self, k, lo, size):
+        """Examples lo .. lo+size-1 of batch k: one replica's share (training/position.py).
+
+        The crops and flips are drawn for the whole batch, then sliced: a slice is the
+        same whatever the number of slices.
+        """
         reader_priority.lower_this_thread(self.nice)
-        k = int(k)
+        k, lo, size = int(k), int(lo), int(size)
         rng = np.random.default_rng([self.seed, k])
         dy, dx = rng.integers(0, OFFSETS, (2, self.batch_size))
         flip = rng.random(self.batch_size) < 0.5
-        return self.split.batch(self.indices(k), dy, dx, flip)
+        part = slice(lo, lo + size)
+        return self.split.batch(self.indices(k)[part], dy[part], dx[part], flip[part])
 
     def indices(self, k):
         n = len(self.split)
@@ -136,7 +145,7 @@ class Batches:
         with self._lock:
             order = self._epochs.get(e)
             if order is None:
-                order = np.random.default_rng([self.seed, e, 1]).permutation(len(self.split))
+                order = position.epoch_order(len(self.split), self.seed, e)
                 self._epochs = {k: v for k, v in self._epochs.items() if k >= e - 1}
                 self._epochs[e] = order
             return order

@@ -2,6 +2,7 @@
 import numpy as np
 import tensorflow as tf
 
+from estimator_dist.training import position
 from estimator_dist.training.registry import register_input
 from input_fns.batch_limit import check_training_batch
 
@@ -41,15 +42,21 @@ def prepare_digits(params):
 
 @register_input("digits", prepare=prepare_digits, data_flags=("synthetic",))
 def digits_input(mode, params, input_context=None):
-    """scikit-learn's 8x8 digits, 80/20 fixed split; batches of params['batch_size']."""
+    """scikit-learn's 8x8 digits, 80/20 fixed split; batches of params['batch_size'].
+
+    Training batches follow training/position.py: the global batch of step k is a
+    function of (seed, k), each pipeline takes its slices, from params['start_step'] on.
+    """
     train_x, train_y, eval_x, eval_y = load_arrays(bool(params.get("synthetic")), params.get("seed"))
     training = mode == tf.estimator.ModeKeys.TRAIN
     x, y = (train_x, train_y) if training else (eval_x, eval_y)
     if training:
         check_training_batch("digits", params, len(x), input_context)
+    if training:  # this pipeline's slices of global batches that are a function of (seed, k)
+        return position.gathered(position.index_batches(len(x), params, input_context),
+                        {"image": x}, y).prefetch(tf.data.AUTOTUNE)
     ds = tf.data.Dataset.from_tensor_slices(({"image": x}, y))
     if input_context is not None and input_context.num_input_pipelines > 1:
         ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if training:
-        ds = ds.shuffle(len(x), seed=params.get("seed"), reshuffle_each_iteration=True).repeat()
     return ds.batch(params["batch_size"]).prefetch(tf.data.AUTOTUNE)
+

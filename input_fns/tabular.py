@@ -20,6 +20,7 @@ import tensorflow as tf
 from estimator_dist.serving import csv_rows
 from estimator_dist.serving.csv_rows import MISSING
 from estimator_dist.errors import UserError
+from estimator_dist.training import position
 from estimator_dist.training.registry import register_input
 from input_fns.batch_limit import check_training_batch
 
@@ -319,16 +320,17 @@ def load_split(params, mode):
 @register_input("tabular", prepare=prepare,
                 data_flags=("data_dir", "data_path", "label_column", "synthetic"))
 def tabular_input(mode, params, input_context=None):
-    """Rows of a CSV as ({feature: value}, label); TRAIN shuffles and repeats, else one pass."""
+    """Rows of a CSV as ({feature: value}, label); TRAIN: endless batches, the global batch of
+    step k a function of (seed, k) (training/position.py), else one pass."""
     if "serving_features" not in params:
         params = {**params, **prepare(params)}
     features, labels = load_split(params, mode)
     if mode == tf.estimator.ModeKeys.TRAIN:
         check_training_batch("tabular", params, len(labels), input_context)
+    if mode == tf.estimator.ModeKeys.TRAIN:  # exact data position: training/position.py
+        return position.gathered(position.index_batches(len(labels), params, input_context),
+                        features, labels).prefetch(tf.data.AUTOTUNE)
     ds = tf.data.Dataset.from_tensor_slices((features, labels))
     if input_context is not None and input_context.num_input_pipelines > 1:
         ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if mode == tf.estimator.ModeKeys.TRAIN:
-        ds = ds.shuffle(min(len(labels), 100_000), seed=params.get("seed"),
-                        reshuffle_each_iteration=True).repeat()
     return ds.batch(params["batch_size"]).prefetch(tf.data.AUTOTUNE)

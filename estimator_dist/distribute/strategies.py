@@ -214,8 +214,22 @@ def per_replica_batch(name: str, global_batch: int, devices: Devices, workers: i
         raise UserError(
             f"--batch_size {global_batch} is not divisible by the {replicas} replicas of "
             f"--strategy {name}; use a multiple of {replicas} (e.g. "
-            f"{(global_batch // replicas + 1) * replicas})")
+            f"{(global_batch // replicas + 1) * replicas})" +
+            (_worker_counts_note(global_batch, replicas // workers) if workers > 1 else ""))
     return global_batch // replicas
+
+
+MAX_WORKERS_NAMED = 16
+
+
+def _worker_counts_note(global_batch: int, per_worker: int) -> str:
+    """The --workers that keep a global batch (a resume on another worker count keeps the
+    run's --batch_size: docs/elastic.md)."""
+    fits = [w for w in range(1, MAX_WORKERS_NAMED + 1) if global_batch % (w * per_worker) == 0]
+    if not fits:
+        return ""
+    counts = ", ".join(map(str, fits[:-1])) + (" or " if len(fits) > 1 else "") + str(fits[-1])
+    return f", or keep --batch_size {global_batch} with --workers {counts}"
 
 
 def variable_device(name: str, setting: str, devices: Devices) -> Optional[str]:

@@ -249,6 +249,24 @@ def check_same_model(model_dir: str, model: str):
                     f"resume it")
 
 
+def check_same_lr_scale(model_dir: str, scale_lr: bool, replicas: int):
+    """Before a resume: --scale_lr ties the learning rate to the replica count, so a resume
+    on another count (another --workers) would change the run's schedule: refused.
+
+    The replicas of the run that wrote the checkpoints are in its config.yaml.
+    """
+    if not scale_lr or not complete_checkpoints(model_dir):
+        return
+    try:
+        saved = config_lib.load_saved(model_dir).get("replicas")
+    except (OSError, UserError):
+        return
+    if isinstance(saved, int) and saved != replicas:
+        raise UserError(f"--scale_lr: the checkpoints in {model_dir} were trained with the "
+                        f"learning rate x {saved} (replicas), this run has {replicas}; resume "
+                        f"with {saved} replicas, or start a new --model_dir (docs/elastic.md)")
+
+
 def model_variables(model_fn, input_fn, params, run_config=None,
                     mode: str = tf.estimator.ModeKeys.TRAIN) -> Dict[str, List[int]]:
     """{name: shape} of the variables a `mode` graph of model_fn holds, built in a scratch graph.

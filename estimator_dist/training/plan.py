@@ -32,6 +32,9 @@ class Plan:
     input_meta: Dict[str, Any]
     model_dir: str
     role: Role  # which process this is, and what it does (roles.py)
+    # The global step the training input starts at: the checkpoint's on a resume
+    # (run.py sets it once it has read it; position.py).
+    start_step: int = 0
 
     @property
     def strategy(self) -> StrategySpec:
@@ -59,6 +62,11 @@ class Plan:
                if k not in ("serving_features", "plain_features", SERVING_INFERRED)},
             "global_batch_size": self.global_batch,
             "num_replicas": self.replicas,
+            # Exact data position (training/position.py): where the stream starts and
+            # how many slices each global batch is cut into.
+            "start_step": self.start_step,
+            "batch_slices": 1 if self.strategy.input_gets_global_batch else self.replicas,
+            "batches_per_step": max(1, c.distribute.accumulate_steps),
             "lr_scale": float(self.replicas) if c.distribute.scale_lr else 1.0,
             "gradient_compression": c.distribute.gradient_compression,
         }

@@ -27,7 +27,8 @@ DATA_FLAGS = {"data_dir": "", "data_path": "", "label_column": "", "synthetic": 
 # What the run itself puts into params beside the hparams (runner.Plan.params): an hparam
 # of one of these names would be silently replaced.
 RUN_PARAMS = ("batch_size", "global_batch_size", "num_replicas", "lr_scale", "train_steps",
-              "seed", "gradient_compression") + tuple(DATA_FLAGS)
+              "seed", "gradient_compression", "start_step", "batch_slices",
+              "batches_per_step") + tuple(DATA_FLAGS)
 PLAIN_TYPES = (bool, int, float, str, type(None))
 
 

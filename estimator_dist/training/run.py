@@ -1,6 +1,7 @@
 """A run, driven by its Role: plan -> checks -> Estimator -> train_and_evaluate (or the
 evaluator loop, or a Horovod rank's training) -> summary; evaluate and export commands."""
 import contextlib
+import dataclasses
 import os
 import shutil
 import sys
@@ -218,7 +219,11 @@ def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
     if p.writes_run_files:  # before anything is written: refuse a damaged or mismatched checkpoint
         guards.check_resume(p.model_dir, build_model_fn(p),
                             make_input_fn(p, tf.estimator.ModeKeys.TRAIN), p.params(), say=out)
+        checkpoints_lib.check_same_lr_scale(p.model_dir, config.distribute.scale_lr,
+                                            p.replicas)
     start_step = resume_step(p)
+    # The input continues the data stream at the checkpoint's step (position.py).
+    p = dataclasses.replace(p, start_step=start_step or 0)
     if start_step is not None and p.writes_run_files:
         out(f"resuming from the checkpoint at step {start_step} in {p.model_dir}")
     if p.writes_run_files:

@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from estimator_dist import files
 from estimator_dist.errors import UserError
 from estimator_dist.records import layout
 
@@ -80,7 +81,7 @@ def split_images(classes, validation_fraction: float):
 
 def jpeg_of(path: str) -> Tuple[bytes, int, int]:
     """(RGB JPEG bytes, height, width) of the image file; UserError naming it if unreadable."""
-    from PIL import Image as PILImage
+    from PIL import Image as PILImage, UnidentifiedImageError
 
     try:
         with open(path, "rb") as f:
@@ -91,7 +92,8 @@ def jpeg_of(path: str) -> Tuple[bytes, int, int]:
                 return data, image.height, image.width
             rgb = image.convert("RGB")
     except (OSError, SyntaxError, ValueError) as exc:  # PIL's errors for broken files
-        reason = " ".join(str(exc).split()) or type(exc).__name__
+        reason = "not a format PIL reads" if isinstance(exc, UnidentifiedImageError) else \
+            " ".join(str(exc).split()) or type(exc).__name__
         raise UserError(f"{path}: not a readable image ({reason}); remove or replace it "
                         f"(nothing was written)") from None
     out = io.BytesIO()
@@ -158,6 +160,7 @@ def write_records(images_dir: str, output_dir: str, shards: int = 4,
     train, validation = split_images(classes, validation_fraction)
     plan = {"train": (train, shards),
             "validation": (validation, validation_shards or max(1, shards // 8))}
+    created = files.missing_dirs(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     temps, final = [], []
     try:
@@ -182,6 +185,7 @@ def write_records(images_dir: str, output_dir: str, shards: int = 4,
         for temp in temps:
             if os.path.exists(temp):
                 os.remove(temp)
+        files.remove_empty_dirs(created)
         raise
     for temp, path in zip(temps, final):
         os.replace(temp, path)

@@ -56,9 +56,12 @@ def records(files, training: bool, params, input_context=None, what="records"):
     return ds
 
 
-def batched(ds, parse, batch_size: int, training: bool):
-    """Parse each record, batch (training drops the last partial batch), prefetch."""
+def batched(ds, parse, batch_size: int, training: bool, padded: bool = False):
+    """Parse each record, batch (training drops the last partial batch), prefetch; padded:
+    variable-length features padded to the longest in the batch."""
     if batch_size <= 0:
-        raise UserError(f"batch_size {batch_size} must be > 0; fix it with --set batch_size=32")
+        raise UserError(f"--batch_size {batch_size}: must be > 0")
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
-    return ds.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
+    ds = ds.padded_batch(batch_size, drop_remainder=training) if padded else \
+        ds.batch(batch_size, drop_remainder=training)
+    return ds.prefetch(tf.data.AUTOTUNE)

@@ -34,6 +34,8 @@ HPARAMS = {
     "label_smoothing": 0.1,
     "lr_schedule": "cosine",
     "warmup_steps": 0,
+    # The feature spec of --input tfrecord (input_fns/tfrecord_spec.py); None: none given.
+    "record_features": None,
 }
 
 

@@ -2,7 +2,7 @@
 
 Model Garden r1 imagenet_main.py's reader: the file list is sharded among the input
 pipelines (input_context) before anything else, so each pipeline opens only its own
-files; training shuffles the files and a buffer of records and repeats, eval reads
+files (by record when there are fewer files than pipelines); training shuffles the files and a buffer of records and repeats, eval reads
 each of its files once, in order.
 """
 import random
@@ -20,36 +20,41 @@ def _seed(params):
     return random.SystemRandom().randrange(1 << 31) if seed is None else int(seed)
 
 
-def pipeline_files(files, input_context, what: str):
-    """This pipeline's files: file i goes to pipeline i % num_input_pipelines.
-
-    Raises:
-      UserError: fewer files than pipelines (a pipeline would read nothing).
-    """
-    files = list(files)
+def _pipelines(input_context):
     if input_context is None or input_context.num_input_pipelines <= 1:
-        return files
-    count = input_context.num_input_pipelines
-    if len(files) < count:
-        raise UserError(f"{what}: {len(files)} file(s) for {count} input pipelines, which "
-                        f"are sharded by file; write at least {count} shards (e.g. "
-                        f"estimator-dist tfrecords --shards {count})")
-    return files[input_context.input_pipeline_id::count]
+        return 1, 0
+    return input_context.num_input_pipelines, input_context.input_pipeline_id
 
 
 def records(files, training: bool, params, input_context=None, what="records"):
     """A dataset of serialized records from this pipeline's share of `files`.
 
+    The share: file i goes to pipeline i % num_input_pipelines. With fewer files than
+    pipelines (a validation split of one shard, read by two workers) each pipeline
+    reads every file and keeps record i when i % num_input_pipelines is its id:
+    correct, at the cost of reading all the files, and said once in the log.
     Training: files shuffled, CYCLE_LENGTH read in parallel, records shuffled in a
     buffer of params["shuffle_buffer"], repeated. Eval: files in order, once.
     """
-    files = pipeline_files(files, input_context, what)
+    files = list(files)
+    count, index = _pipelines(input_context)
+    by_record = count > len(files)
+    if by_record:
+        tf.compat.v1.logging.warning(
+            "%s: %d file(s) for %d input pipelines: each reads them all and keeps 1 record "
+            "in %d; write at least %d shards to split them by file", what, len(files), count,
+            count, count)
+    elif count > 1:
+        files = files[index::count]
     ds = tf.data.Dataset.from_tensor_slices(files)
     seed = _seed(params) if training else None
-    if training:
+    if training and not by_record:
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(CYCLE_LENGTH, len(files)),
-                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+                       num_parallel_calls=tf.data.AUTOTUNE,
+                       deterministic=not training or by_record)
+    if by_record:
+        ds = ds.shard(count, index)
     if training:
         buffer = int(params.get("shuffle_buffer") or DEFAULT_SHUFFLE_BUFFER)
         ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True).repeat()

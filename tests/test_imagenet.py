@@ -245,10 +245,20 @@ def test_pipelines_read_disjoint_files(records):
         assert seen == expected
 
 
-def test_more_pipelines_than_files_is_refused(records):
+@pytest.mark.parametrize("training", [False, True])
+def test_more_pipelines_than_files_split_the_records(records, training):
+    """One validation shard, two pipelines: each keeps every other record, none twice."""
+    from input_fns import record_files
+
     _, data_dir = records
-    with pytest.raises(UserError, match="1 file\\(s\\) for 2 input pipelines"):
-        INPUTS.get("imagenet").fn(EVAL, params_for(data_dir), Context(2, 0))
+    files = layout.shard_files(data_dir, "validation")
+    expected = [raw.numpy() for raw in tf.data.TFRecordDataset(files)]
+    shares = []
+    for index in range(2):
+        ds = record_files.records(files, training, {"seed": 1, "shuffle_buffer": 2},
+                                  Context(2, index))
+        shares.append({raw.numpy() for raw in ds.take(12)})
+    assert shares == [set(expected[0::2]), set(expected[1::2])]
 
 
 @pytest.mark.parametrize("depth,convs", [(18, 17 + 3), (34, 33 + 3), (50, 49 + 4), (101, 100 + 4)])

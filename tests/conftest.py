@@ -135,6 +135,8 @@ SLOW = frozenset({
     "test_guards_numerics.py::test_non_finite_step_stops_before_a_poisoned_checkpoint",
     "test_horovod.py::test_one_rank_outside_a_launcher_equals_none",
     "test_horovod.py::test_rerunning_a_finished_run_evaluates",
+    "test_imagenet.py::test_resnet50_trains_and_exports",
+    "test_tfrecord_input.py::test_resnet_on_own_records_trains_and_serves_the_spec",
     "test_model_code.py::test_every_estimator_signature_trains_under_each_strategy",
     "test_model_code.py::test_weights_that_never_move_name_the_likely_cause",
     "test_precision.py::test_bfloat16_digits_trains_in_bfloat16_with_float32_variables",

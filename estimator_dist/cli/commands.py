@@ -181,7 +181,19 @@ def bench(args):
     return bench_lib.run(bench_plan.options_from_args(args))
 
 
-COMMANDS = {"bench": bench, "report": report, "train": train, "evaluate": evaluate, "export": export, "predict": predict,
+def tfrecords(args):
+    from estimator_dist.records import image_folder
+
+    written = image_folder.write_records(args.images, args.output, args.shards,
+                                         args.validation_shards, args.validation_fraction)
+    counts = written.counts
+    print(f"wrote {counts['train']} training and {counts['validation']} validation images of "
+          f"{len(written.classes)} classes (labels 1-{len(written.classes)}) to {args.output}: "
+          f"{len(written.shards['train'])} train-* and {len(written.shards['validation'])} "
+          f"validation-* shards, {os.path.basename(written.labels_file)}")
+
+
+COMMANDS = {"bench": bench, "tfrecords": tfrecords, "report": report, "train": train, "evaluate": evaluate, "export": export, "predict": predict,
             "list": list_registered, "cluster": cluster, "tfjob": tfjob}
 
 
@@ -194,7 +206,7 @@ IMPORT_FIRST = ("evaluate", "export", "predict", "report")
 # guards; cluster and bench stop their processes): SIGTERM raises Preempted in the main
 # thread, so the removal of a half-written export or output file runs instead of a
 # sudden death that leaves it behind.
-STOPPED_BY_SIGTERM = ("evaluate", "export", "predict", "report", "tfjob")
+STOPPED_BY_SIGTERM = ("evaluate", "export", "predict", "report", "tfjob", "tfrecords")
 
 
 def run(name: str, args):

@@ -140,6 +140,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds one case may take (default 300)")
     add_verbose_flag(bn)  # no --import: bench runs its own cases (bench_cases.py) only
 
+    tr = sub.add_parser("tfrecords", help="an image folder (a subfolder per class) -> "
+                                           "ImageNet-layout TFRecord shards and labels.txt")
+    tr.add_argument("--images", required=True, type=nonempty_arg("give an image folder"),
+                    help="a folder with one subfolder of images per class")
+    tr.add_argument("--output", required=True, type=nonempty_arg("give an output directory"),
+                    help="directory for train-*, validation-* and labels.txt (new or empty)")
+    tr.add_argument("--shards", type=int, default=4, help="training shards (default 4)")
+    tr.add_argument("--validation_shards", type=int, default=0,
+                    help="validation shards (default: shards / 8, at least 1)")
+    tr.add_argument("--validation_fraction", type=float, default=0.1,
+                    help="of each class's images, for validation (default 0.1)")
+    add_verbose_flag(tr)
+
     ls = sub.add_parser("list", help="registered models and inputs with their hparams")
     _add_common(ls)
     return parser

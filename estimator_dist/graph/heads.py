@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from estimator_dist.serving import export
 from estimator_dist.graph.train_op import minimize
+from estimator_dist.errors import UserError
 
 
 class _ExamplesInput:
@@ -80,6 +81,19 @@ def class_ids(labels):
     return tf.cast(labels, tf.int64)
 
 
+def classification_loss(labels, logits, params):
+    """Softmax cross-entropy; with params["label_smoothing"] = e > 0 against targets of
+    1 - e + e/K for the label and e/K elsewhere (Szegedy et al. 2016)."""
+    smoothing = float(params.get("label_smoothing", 0.0) or 0.0) if hasattr(params, "get") else 0.0
+    if not 0.0 <= smoothing < 1.0:
+        raise UserError(f"label_smoothing {smoothing!r}: must be in [0, 1); fix it with "
+                        f"--set label_smoothing=0.1")
+    if not smoothing:
+        return tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    onehot = tf.one_hot(labels, tf.shape(logits)[-1], dtype=logits.dtype)
+    return tf.compat.v1.losses.softmax_cross_entropy(onehot, logits, label_smoothing=smoothing)
+
+
 def classification_spec(logits, labels, mode, params, update_ops=None):
     """Softmax classification: predictions, export outputs, accuracy, train op."""
     # bfloat16 logits (--mixed_precision): softmax, loss, metrics and exports in float32.
@@ -97,7 +111,7 @@ def classification_spec(logits, labels, mode, params, update_ops=None):
             "serving_default": tf.estimator.export.PredictOutput(predictions),
             "classification": ExampleClassificationOutput(scores=probabilities, classes=names)})
     labels = class_ids(labels)
-    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    loss = classification_loss(labels, logits, params)
     decay = weight_decay_loss(params)
     total = loss + decay if decay is not None else loss
     if mode == tf.estimator.ModeKeys.EVAL:

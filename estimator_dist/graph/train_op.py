@@ -62,22 +62,35 @@ def _params_of_run(params):
 
 
 def learning_rate(params, global_step=None):
-    """The learning-rate tensor for this step from params."""
+    """The learning-rate tensor for this step from params.
+
+    params["warmup_steps"] > 0 ramps it linearly from base / warmup_steps up to base
+    over those steps (Goyal et al. 2017); the schedule then runs over the steps left.
+    """
     base = hparam_checks.non_negative_number(params, "learning_rate", 0.1, default=0.1) * \
         float(params.get("lr_scale", 1.0))
     schedule = params.get("lr_schedule", "constant")
     if schedule not in LR_SCHEDULES:
         raise UserError(f"lr_schedule '{schedule}' is not one of {', '.join(LR_SCHEDULES)}; "
                         f"fix it with --set lr_schedule=constant")
-    if schedule == "constant":
+    warmup = int(hparam_checks.non_negative_number(params, "warmup_steps", 500, default=0))
+    if schedule == "constant" and not warmup:
         return tf.constant(base, tf.float32)
     step = global_step if global_step is not None else tf.compat.v1.train.get_or_create_global_step()
-    total = max(int(params.get("train_steps") or 1), 1)
-    if schedule == "cosine":
-        return tf.compat.v1.train.cosine_decay(base, step, total)
-    bounds = [int(math.ceil(total * 0.5)), int(math.ceil(total * 0.75))]
-    return tf.compat.v1.train.piecewise_constant(
-        step, bounds, [base, base * 0.1, base * 0.01])
+    total = max(int(params.get("train_steps") or 1) - warmup, 1)
+    after = step - warmup if warmup else step
+    if schedule == "constant":
+        lr = tf.constant(base, tf.float32)
+    elif schedule == "cosine":
+        lr = tf.compat.v1.train.cosine_decay(base, tf.maximum(after, 0), total)
+    else:
+        bounds = [int(math.ceil(total * 0.5)), int(math.ceil(total * 0.75))]
+        lr = tf.compat.v1.train.piecewise_constant(
+            after, bounds, [base, base * 0.1, base * 0.01])
+    if not warmup:
+        return lr
+    ramp = base * tf.cast(step + 1, tf.float32) / float(warmup)
+    return tf.where(step < warmup, ramp, lr)
 
 
 def make_optimizer(params, lr=None):

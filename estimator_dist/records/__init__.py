@@ -1,0 +1,1 @@
+"""TFRecord files: the ImageNet layout and writing an image folder into it."""

@@ -68,7 +68,8 @@ def test_bad_arguments_exit_2(argv, message, capsys):
 
 
 def test_make_gpu_check_runs_the_script():
-    result = subprocess.run(["make", "-n", "-B", "gpu-check", "STEPS=10", "ARGS=--allow_cpu"],
+    result = subprocess.run(["make", "--no-print-directory", "-n", "-B", "gpu-check", "STEPS=10",
+                             "ARGS=--allow_cpu"],
                             cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == (

@@ -283,3 +283,40 @@ def test_a_worker_recreated_alone_makes_every_task_exit_retryable_and_the_run_re
                      r"144 \(retryable\)", text, re.M), text
     assert "[launcher] chief:0 exited with code 144; restarting it" in text
     assert "[chief:0] done: step 3000" in text
+
+
+def test_a_hook_that_holds_a_worker_after_its_step_is_not_a_lost_peer(tmp_path, monkeypatch):
+    """The bench's gate holds an MWMS worker in a hook's after_run between bursts: the
+    StallHook, timing in after_run order, took that for a step that never returned and the
+    worker exited 144 after 60 s (a full `make bench` lost its cifar 2-worker cases). It
+    times the session run alone: its `ended` hook is the first of the train hooks."""
+    import tensorflow as tf
+    import tensorflow.compat.v1 as v1
+
+    from estimator_dist.distribute import tf_config
+    from estimator_dist.guards import peers
+    from estimator_dist.guards import training_guard
+    from estimator_dist.training.roles import Role
+
+    exits = []
+    monkeypatch.setattr(peers.preemption, "exit_now", exits.append)
+    cluster = tf_config.parse(json.dumps({"cluster": {"chief": ["h:1"], "worker": ["h:2"]},
+                                          "task": {"type": "chief", "index": 0}}))
+    guard = training_guard.TrainingGuard(str(tmp_path), role=Role.of("multi_worker_mirrored",
+                                                                     cluster))
+    stall = guard.stall
+    stall._min, stall._poll = 0.3, 0.02  # pylint: disable=protected-access
+
+    class Gate(tf.compat.v1.train.SessionRunHook):
+        def after_run(self, run_context, run_values):
+            time.sleep(1.0)  # the bench's gate, between bursts
+
+    with tf.Graph().as_default():
+        step = v1.train.get_or_create_global_step()
+        train_op = v1.assign_add(step, 1)
+        spec = guard.attach(tf.estimator.TrainSpec(lambda: None, 3, hooks=[Gate()]))
+        assert spec.hooks[0] is stall.ended and spec.hooks[-1] is stall
+        with v1.train.MonitoredSession(hooks=list(spec.hooks)) as session:
+            for _ in range(3):
+                session.run(train_op)
+    assert exits == []

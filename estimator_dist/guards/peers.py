@@ -49,6 +49,16 @@ def peer_failed(error: tf.errors.OpError, step, latest) -> PeerLost:
                     f"({op_error_line(error)}; {type(error).__name__}); {_resume(latest)}")
 
 
+class _StepEnded(tf.compat.v1.train.SessionRunHook):
+    """The first hook of the list: the step's session run has returned."""
+
+    def __init__(self, stall: "StallHook"):
+        self._stall = stall
+
+    def after_run(self, run_context, run_values):
+        self._stall.step_ended()
+
+
 def stalled(seconds: float, steps: int, latest) -> PeerLost:
     return PeerLost(f"a training step has not returned for {seconds:.0f} s (after {steps} steps "
                     f"of this run): a peer worker is gone (a worker restarted alone cannot rejoin "
@@ -56,7 +66,14 @@ def stalled(seconds: float, steps: int, latest) -> PeerLost:
 
 
 class StallHook(tf.compat.v1.train.SessionRunHook):
-    """Exits EXIT_PEER_LOST when a step has not returned after `limit()` seconds."""
+    """Exits EXIT_PEER_LOST when a step has not returned after `limit()` seconds.
+
+    It times the session run alone: it goes last among the hooks (its before_run is the
+    last before the run) and its `ended` hook first (the first after_run). A hook that
+    takes its time after a step (the bench's gate holds a worker there between bursts)
+    is not a step that has not returned: timed in after_run order, it made a paused
+    MWMS worker exit 144 after 60 s.
+    """
 
     def __init__(self, model_dir: str, min_seconds: float = PEER_STALL_MIN_S, poll_s: float = 1.0):
         self._model_dir = model_dir
@@ -68,6 +85,7 @@ class StallHook(tf.compat.v1.train.SessionRunHook):
         self._steps = 0
         self._done = threading.Event()
         self._thread = None
+        self.ended = _StepEnded(self)
 
     def limit(self) -> float:
         if self._first is None:  # the first step: peers may still be starting
@@ -80,7 +98,9 @@ class StallHook(tf.compat.v1.train.SessionRunHook):
             self._thread = threading.Thread(target=self._watch, name="peer-stall", daemon=True)
             self._thread.start()
 
-    def after_run(self, run_context, run_values):
+    def step_ended(self):
+        if self._started is None:
+            return
         took = time.monotonic() - self._started
         self._started = None
         if self._first is None:

@@ -149,8 +149,9 @@ class TrainingGuard:
 
     def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:
         hooks = (self.hook,) + tuple(h for h in (self.vote, self.stall) if h)
+        first = (self.stall.ended,) if self.stall else ()  # StallHook times the run alone
         return tf.estimator.TrainSpec(train_spec.input_fn, train_spec.max_steps,
-                                      tuple(train_spec.hooks) + hooks,
+                                      first + tuple(train_spec.hooks) + hooks,
                                       train_spec.saving_listeners)
 
     def attach_eval(self, eval_spec: tf.estimator.EvalSpec) -> tf.estimator.EvalSpec:

@@ -6,6 +6,7 @@ way. 128 + N means "killed by signal N" and is what schedulers retry (Kubeflow's
 writing a final checkpoint, and rerunning it resumes from that checkpoint.
 """
 import re
+import sys
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -99,3 +100,15 @@ class Interrupted(ReportedError):
 
     exit_code = EXIT_INTERRUPTED
     label = "interrupted"
+
+
+def reported(error: "ReportedError") -> int:
+    """Print a reported error as the command's one line on stderr; its exit code."""
+    print(f"estimator-dist: {error.label}: {error}", file=sys.stderr)
+    return error.exit_code
+
+
+def interrupted() -> int:
+    """Ctrl-C outside a run's own handling: one line, exit 130."""
+    print("estimator-dist: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED

@@ -242,11 +242,9 @@ def run_project(spec, clock: Clock):
             checkpoints.check_same_model(plan_lib.default_model_dir(config), config.model)
             runner.train(config, extra_hooks=[ClockHook(clock)])
     except errors.ReportedError as e:
-        print(f"estimator-dist: {e.label}: {e}", file=sys.stderr)
-        return e.exit_code
+        return errors.reported(e)
     except KeyboardInterrupt:
-        print("estimator-dist: interrupted", file=sys.stderr)
-        return errors.EXIT_INTERRUPTED
+        return errors.interrupted()
     return errors.EXIT_OK
 
 

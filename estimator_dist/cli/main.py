@@ -43,14 +43,11 @@ def main(argv=None) -> int:
         error = unguarded_os_error(e)
         if error is None:
             raise
-        print(f"estimator-dist: {error.label}: {error}", file=sys.stderr)
-        return error.exit_code
+        return errors.reported(error)
     except errors.ReportedError as e:
-        print(f"estimator-dist: {e.label}: {e}", file=sys.stderr)
-        return e.exit_code
+        return errors.reported(e)
     except KeyboardInterrupt:
-        print("estimator-dist: interrupted", file=sys.stderr)
-        return errors.EXIT_INTERRUPTED
+        return errors.interrupted()
 
 
 def unguarded_os_error(e: BaseException):

@@ -18,11 +18,7 @@ IMAGENET_CLASSES = 1000  # without labels.txt: ImageNet's own files
 
 
 def _data_dir(params) -> str:
-    data_dir = params.get("data_dir")
-    if not data_dir:
-        raise UserError("input 'imagenet' needs --data_dir: a directory of train-*/validation-* "
-                        "TFRecord shards (write them with estimator-dist tfrecords)")
-    return str(data_dir)
+    return record_files.data_dir(params, "imagenet", "(write them with estimator-dist tfrecords)")
 
 
 def image_size(params) -> int:

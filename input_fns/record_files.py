@@ -70,3 +70,12 @@ def batched(ds, parse, batch_size: int, training: bool, padded: bool = False):
     ds = ds.padded_batch(batch_size, drop_remainder=training) if padded else \
         ds.batch(batch_size, drop_remainder=training)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def data_dir(params, input_name: str, holds: str) -> str:
+    """--data_dir of a records input, or one line naming what it must hold."""
+    directory = params.get("data_dir")
+    if not directory:
+        raise UserError(f"input '{input_name}' needs --data_dir: a directory of "
+                        f"train-*/validation-* TFRecord shards {holds}")
+    return str(directory)

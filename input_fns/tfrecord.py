@@ -25,11 +25,7 @@ TF_DTYPES = {"int64": tf.int64, "float32": tf.float32, "string": tf.string, "jpe
 
 
 def _data_dir(params) -> str:
-    data_dir = params.get("data_dir")
-    if not data_dir:
-        raise UserError("input 'tfrecord' needs --data_dir: a directory of train-*/validation-* "
-                        "TFRecord shards of tf.Examples")
-    return str(data_dir)
+    return record_files.data_dir(params, "tfrecord", "of tf.Examples")
 
 
 def _spec_file(data_dir: str) -> dict:

@@ -291,11 +291,17 @@ def plain_session_config(devices: Tuple[str, ...]):
     return tf.compat.v1.ConfigProto(device_count={"CPU": cpus}, allow_soft_placement=True)
 
 
-def run_plain(spec, clock: Clock):
-    """A hand-written Estimator: the same model_fn and input, no project code around them."""
+def baseline_devices(spec) -> Tuple[str, ...]:
+    """The devices a baseline case computes on (the project case's), the others hidden."""
     gpus = machine_gpus()
     devices = case_devices(spec, len(gpus))
     keep_gpus(devices, gpus)
+    return devices
+
+
+def run_plain(spec, clock: Clock):
+    """A hand-written Estimator: the same model_fn and input, no project code around them."""
+    devices = baseline_devices(spec)
     n = len(devices)
     if n > 1:
         strategy = tf.distribute.MirroredStrategy(list(devices))
@@ -366,9 +372,7 @@ def keras_learning_rate(hparams, train_steps: int):
 
 def run_keras(spec, clock: Clock):
     """tf.keras Model.fit on the same architecture, data, batch, optimizer and strategy."""
-    gpus = machine_gpus()
-    devices = case_devices(spec, len(gpus))
-    keep_gpus(devices, gpus)
+    devices = baseline_devices(spec)
     n = len(devices)
     if n > 1:
         if devices[0].startswith("/cpu:"):

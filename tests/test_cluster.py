@@ -24,9 +24,9 @@ TRAIN = ["--model", "digits", "--batch_size", "32", "--seed", "1"]
 class Run:
     """`estimator-dist cluster ...` as a subprocess whose output is collected as it comes."""
 
-    def __init__(self, args, timeout=300):
+    def __init__(self, args, timeout=300, cwd=REPO):
         self.proc = subprocess.Popen([sys.executable, "-m", "estimator_dist", "cluster"] + args,
-                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
         self.lines = []
         self.timeout = timeout

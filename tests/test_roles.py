@@ -91,3 +91,12 @@ def test_every_strategy_has_a_spec_and_a_builder():
         ["multi_worker_mirrored"]
     assert specs.is_horovod("horovod") and not specs.is_horovod(None) and \
         not specs.is_horovod("mirored")
+
+
+def test_only_a_cluster_with_an_evaluator_task_evaluates_elsewhere():
+    """Its training tasks end with '(the evaluator task evaluates and exports)'; a cluster
+    without one said so too."""
+    assert ROLES["mwms chief"].evaluated_elsewhere and ROLES["mwms worker"].evaluated_elsewhere
+    assert not ROLES["ps chief, no evaluator"].evaluated_elsewhere
+    assert not ROLES["ps worker"].evaluated_elsewhere
+    assert not ROLES["horovod rank 0"].evaluated_elsewhere and not ROLES["local"].evaluated_elsewhere

@@ -14,6 +14,7 @@ from estimator_dist.training import run as runner
 from estimator_dist.training.flags import config_from_args
 from estimator_dist.guards import storage
 from estimator_dist.errors import UserError
+from estimator_dist.cli.parser import DEFAULT_WORKERS
 from estimator_dist.training.registry import INPUTS, MODELS
 
 
@@ -88,7 +89,16 @@ def list_registered(args):
 
 def checked_train_args(args, default_strategy=None) -> list:
     """The pass-through train flags, with --strategy made explicit (default_strategy, else
-    the cluster's), validated before any launch."""
+    the cluster's), validated for a cluster of --workers before any launch."""
+    if args.workers is None:
+        args.workers = DEFAULT_WORKERS
+    train_args, config = train_flags(args, default_strategy)
+    check_cluster(args, config, args.workers)
+    return train_args, config
+
+
+def train_flags(args, default_strategy=None):
+    """(the train flags with --strategy made explicit, their Config); bad ones exit 2."""
     from estimator_dist.launch import cluster as launcher
     from estimator_dist.cli.parser import build_parser
 
@@ -104,10 +114,16 @@ def checked_train_args(args, default_strategy=None) -> list:
     config = config_from_args(train_ns)
     if args.command == "cluster":  # a TFJob's model_dir is on its pods' storage
         checkpoints.check_same_model(plan_lib.default_model_dir(config), config.model)
-    launcher.check_shape(args.workers, args.ps, config.distribute.strategy)
-    check_evaluations(config, args.evaluator)
-    plan_lib.check_cluster_run(config, args.workers, local=args.command == "cluster")
     return train_args, config
+
+
+def check_cluster(args, config, workers: int):
+    """What every task of a cluster of `workers` would refuse at its start."""
+    from estimator_dist.launch import cluster as launcher
+
+    launcher.check_shape(workers, args.ps, config.distribute.strategy)
+    check_evaluations(config, args.evaluator)
+    plan_lib.check_cluster_run(config, workers, local=args.command == "cluster")
 
 
 def pass_through_parser(parser, command: str):
@@ -132,17 +148,52 @@ def check_evaluations(config, evaluator: bool):
                         f"training, and there is none; add --evaluator")
 
 
+ELASTIC_FLAGS = ("min_workers", "max_workers")
+
+
 def cluster(args):
     from estimator_dist.launch import cluster as launcher
 
+    if args.discovery is not None:
+        return elastic_cluster(args)
+    for name in ELASTIC_FLAGS:
+        if getattr(args, name) is not None:
+            raise UserError(f"--{name} without --discovery: an elastic cluster follows the "
+                            f"worker slots a discovery file lists; add --discovery PATH, or "
+                            f"use --workers N")
     train_args, _ = checked_train_args(args)
     return launcher.launch(train_args, args.workers, args.ps, args.evaluator, args.max_restarts,
                            args.startup_timeout, evaluator_gpus=args.evaluator_gpus)
 
 
+def elastic_cluster(args):
+    """`cluster --discovery`: the sizes in --min_workers..--max_workers that keep the global
+    batch, checked as a cluster is, then launch/elastic.py."""
+    from estimator_dist.launch import cluster as launcher
+    from estimator_dist.launch import elastic
+
+    if args.workers is not None:
+        raise UserError(f"--workers {args.workers} with --discovery: the discovery's slots set "
+                        f"the worker count; drop --workers (bound it with --min_workers and "
+                        f"--max_workers)")
+    low = 1 if args.min_workers is None else args.min_workers
+    limit = launcher.workers_limit(args.ps, args.evaluator)
+    elastic.check_range(low, args.max_workers, limit, args.elastic_timeout)
+    train_args, config = train_flags(args)
+    sizes = plan_lib.cluster_sizes(config, low, limit if args.max_workers is None
+                                   else args.max_workers)
+    check_cluster(args, config, sizes[-1])
+    return launcher.launch_elastic(train_args, sizes, args.discovery,
+                                   plan_lib.default_model_dir(config), args.ps, args.evaluator,
+                                   args.max_restarts, args.startup_timeout, args.elastic_timeout,
+                                   evaluator_gpus=args.evaluator_gpus)
+
+
 def tfjob(args):
     from estimator_dist.launch import tfjob as tfjob_lib
 
+    if args.workers is None:
+        args.workers = DEFAULT_WORKERS
     if args.output:
         files.check_output_file("--output", args.output, "tfjob.yaml")
     # A bad --pvc was reported as the --model_dir that is not on it.

@@ -17,8 +17,12 @@ def _add_common(p):
     add_verbose_flag(p)
 
 
+DEFAULT_WORKERS = 2
+
+
 def _add_cluster_shape(p):
-    p.add_argument("--workers", type=int, default=2, help="training tasks, the chief included (default 2)")
+    p.add_argument("--workers", type=int, default=None,
+                   help=f"training tasks, the chief included (default {DEFAULT_WORKERS})")
     p.add_argument("--ps", type=int, default=0, help="parameter-server tasks (default 0)")
     p.add_argument("--evaluator", action="store_true", help="add an evaluator task (it exports)")
     p.add_argument("--evaluator_gpus", type=int, default=0,
@@ -97,6 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--startup_timeout", type=float, default=120.0,
                     help="seconds a task may take to start listening (a Horovod rank: to "
                          "reach the rendezvous) (default 120)")
+    cl.add_argument("--discovery", metavar="PATH",
+                    help="elastic: a file, or an executable printing, the worker slots available "
+                         "now (a line per host: HOST or HOST:SLOTS); the cluster re-forms at the "
+                         "next step when they change (docs/elastic.md). Replaces --workers")
+    cl.add_argument("--min_workers", type=int, default=None,
+                    help="elastic: the fewest workers to train with; below it the launcher "
+                         "waits (default 1)")
+    cl.add_argument("--max_workers", type=int, default=None,
+                    help="elastic: the most workers, whatever the slots (default: as many as "
+                         "the slots, up to the local limit)")
+    cl.add_argument("--elastic_timeout", type=float, default=600.0,
+                    help="elastic: seconds to wait for --min_workers slots before giving up "
+                         "(default 600)")
 
     tj = sub.add_parser("tfjob", help="write a Kubeflow TFJob manifest whose replicas run the "
                                       "train command; other flags go to that command")

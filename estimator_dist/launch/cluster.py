@@ -6,7 +6,7 @@ strategy needs (its processes, what a death restarts) comes from its StrategySpe
 Imports no TensorFlow.
 """
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from estimator_dist.distribute import specs
 from estimator_dist.errors import UserError
@@ -48,18 +48,22 @@ def check_shape(workers: int, ps: int, strategy: str):
 
 def build_tasks(train_args: List[str], workers: int, ps: int, evaluator: bool,
                 python: str = sys.executable, gpus: Optional[List[str]] = None,
-                evaluator_gpus: int = 0) -> List[Task]:
+                evaluator_gpus: int = 0, chief_env: Optional[Dict[str, str]] = None) -> List[Task]:
     """The tasks, each with its TF_CONFIG, port and GPUs (task_gpus.py; `gpus`: the ids to
-    hand out, default the machine's)."""
+    hand out, default the machine's); the chief also gets chief_env."""
     names = task_names(workers, ps, evaluator)
     shares = task_gpus.assign(names, task_gpus.visible_gpus() if gpus is None else gpus,
                               _int_flag_in(train_args, "--num_devices"), evaluator_gpus)
     ports = free_ports(len(names))
     configs = make_tf_configs(names, ports)
     argv = [python, "-m", "estimator_dist", "train"] + list(train_args)
-    return [Task(name, argv, configs[name], port,
-                 env={"CUDA_VISIBLE_DEVICES": shares[name]} if shares else {})
-            for name, port in zip(names, ports)]
+    tasks = [Task(name, argv, configs[name], port,
+                  env={"CUDA_VISIBLE_DEVICES": shares[name]} if shares else {})
+             for name, port in zip(names, ports)]
+    for task in tasks:
+        if task.does.chief:
+            task.env.update(chief_env or {})
+    return tasks
 
 
 def _int_flag_in(train_args: List[str], flag: str) -> int:
@@ -85,10 +89,7 @@ def launch(train_args: List[str], workers: int, ps: int, evaluator: bool, max_re
     """
     strategy = _strategy_in(train_args)
     check_shape(workers, ps, strategy)
-    if max_restarts < 0:
-        raise UserError(f"--max_restarts {max_restarts}: must be >= 0")
-    if not 0 < startup_timeout < float("inf"):  # NaN fails too
-        raise UserError(f"--startup_timeout {startup_timeout}: must be a number of seconds > 0")
+    check_restarts(max_restarts, startup_timeout)
     tasks = workers + ps + int(evaluator)
     if tasks > MAX_LOCAL_TASKS:
         raise UserError(f"--workers {workers} --ps {ps}: {tasks} tasks, each a TensorFlow process "
@@ -113,6 +114,47 @@ def launch(train_args: List[str], workers: int, ps: int, evaluator: bool, max_re
                             emit=emit, relaunch=fresh)
     install_signal_handlers()
     return supervisor.run()
+
+
+def check_restarts(max_restarts: int, startup_timeout: float):
+    if max_restarts < 0:
+        raise UserError(f"--max_restarts {max_restarts}: must be >= 0")
+    if not 0 < startup_timeout < float("inf"):  # NaN fails too
+        raise UserError(f"--startup_timeout {startup_timeout}: must be a number of seconds > 0")
+
+
+def workers_limit(ps: int, evaluator: bool) -> int:
+    """The most workers a local cluster runs beside its other tasks."""
+    return MAX_LOCAL_TASKS - ps - int(evaluator)
+
+
+def launch_elastic(train_args: List[str], sizes: List[int], discovery: str, model_dir: str,
+                   ps: int, evaluator: bool, max_restarts: int, startup_timeout: float,
+                   wait_timeout: float, emit=print, evaluator_gpus: int = 0) -> int:
+    """Run an elastic cluster (elastic.py) of `sizes` workers (those that keep the global
+    batch, checked by the caller) to completion; returns as launch() does."""
+    from estimator_dist.launch import elastic
+
+    strategy = _strategy_in(train_args)
+    if not specs.spans_tf_config(strategy) or specs.is_horovod(strategy):
+        raise UserError(f"--discovery with --strategy {strategy}: an elastic cluster runs "
+                        f"TF_CONFIG workers ({', '.join(specs.tf_config_strategies())}); drop "
+                        f"--discovery")
+    check_restarts(max_restarts, startup_timeout)
+    check_shape(sizes[0], ps, strategy)
+
+    def make_supervisor(size, chief_env, watch):
+        def fresh():
+            return build_tasks(train_args, size, ps, evaluator, evaluator_gpus=evaluator_gpus,
+                               chief_env=chief_env)
+
+        return Supervisor(fresh(), whole_restart=specs.restarts_whole_cluster(strategy),
+                          max_restarts=max_restarts, startup_timeout=startup_timeout,
+                          emit=emit, relaunch=fresh, watch=watch, drop_exhausted=True)
+
+    build_tasks(train_args, sizes[-1], ps, evaluator, evaluator_gpus=evaluator_gpus)
+    return elastic.Elastic(discovery, sizes, model_dir, wait_timeout, make_supervisor,
+                           emit).run()
 
 
 def train_args_for(command: str, launcher: Optional[str], train_args: List[str]) -> List[str]:

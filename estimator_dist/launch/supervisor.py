@@ -136,7 +136,8 @@ class Supervisor:
     def __init__(self, tasks: List[Task], whole_restart: bool, max_restarts: int,
                  startup_timeout: float, final_eval_timeout: float = 600.0,
                  emit: Callable[[str], None] = print, relaunch: Optional[Callable] = None,
-                 workers_exit_timeout: float = 0.0):
+                 workers_exit_timeout: float = 0.0, watch: Optional[Callable[[], None]] = None,
+                 drop_exhausted: bool = False):
         self.tasks = tasks
         self.whole_restart = whole_restart
         self.max_restarts = max_restarts
@@ -147,6 +148,11 @@ class Supervisor:
         # Seconds the workers get to end by themselves once the chief is done (Horovod
         # ranks stop on the same step as rank 0, then exit); 0: stop them at once.
         self.workers_exit_timeout = workers_exit_timeout
+        # Elastic runs (elastic.py): `watch` is called at every poll and raises Reform to
+        # stop the cluster for a new size; with drop_exhausted a training task that exits
+        # when the restarts are used up raises Reform (its slot dropped) instead of failing.
+        self.watch = watch
+        self.drop_exhausted = drop_exhausted
         self.restarts = 0
         self._lock = threading.Lock()
         self._output_gone = False
@@ -235,6 +241,9 @@ class Supervisor:
                                 f"is slow")
 
     def _restart(self, task: Task, code: int):
+        if self.restarts >= self.max_restarts and self.drop_exhausted and task.does.trains:
+            raise Reform(f"{task.name} exited with code {code} and --max_restarts "
+                         f"{self.max_restarts} is used up", dropped=1)
         if self.restarts >= self.max_restarts:
             raise ClusterFailed(f"{task.name} exited with code {code} and --max_restarts "
                                 f"{self.max_restarts} is used up")
@@ -300,6 +309,8 @@ class Supervisor:
         try:
             while True:
                 time.sleep(POLL_SECONDS)
+                if self.watch:
+                    self.watch()
                 for task in list(self.tasks):
                     code = task.process.poll()
                     if code is None:
@@ -321,6 +332,9 @@ class Supervisor:
                     if code != 0:
                         self._restart(task, code)
                         break
+        except Reform as e:
+            self.say(f"{e.reason}: stopping every task at its next step to re-form")
+            raise
         except ClusterFailed as e:
             self.say(f"error: {e}")
             self.stop_all()
@@ -334,6 +348,17 @@ class Supervisor:
 
 class ClusterFailed(Exception):
     """The cluster cannot finish: a task never came up, or restarts are used up."""
+
+
+class Reform(Exception):
+    """An elastic cluster must stop (every task stopped as on SIGTERM: a checkpoint of the
+    step they stop at) and start again at another size; `dropped`: slots lost for good."""
+
+    def __init__(self, reason: str, dropped: int = 0):
+        super().__init__(reason)
+        self.reason = reason
+        self.dropped = dropped
+        self.at = time.time()
 
 
 class Interrupted(KeyboardInterrupt):

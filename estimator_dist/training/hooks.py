@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_dist.errors import UntrainableTrainOp
+from estimator_dist.launch import step_file
 
 # Steps whose duration exceeds this many times the median contain a checkpoint
 # save and the evaluation it triggers; they are not training throughput.
@@ -315,3 +316,30 @@ class TrainOpCheckHook(tf.compat.v1.train.SessionRunHook):
         return (f"model '{self._model}': no trainable variable changed in the first {updates} "
                 f"updates while the loss is {loss:.4g}: {cause}; --weights_check_steps 0 "
                 f"turns this check off for deliberate freezing")
+
+
+class StepFileHook(tf.compat.v1.train.SessionRunHook):
+    """Writes launch/step_file.py's file: after this process's first step and at the end."""
+
+    def __init__(self, path: str):
+        self._path = path
+        self._fields = {}
+
+    def begin(self):
+        self._global_step = tf.compat.v1.train.get_global_step()
+
+    def after_run(self, run_context, run_values):
+        if not self._fields:
+            self._fields = {"first_step": int(run_context.session.run(self._global_step)),
+                            "first_at": time.time()}
+            step_file.write(self._path, self._fields)
+
+    def end(self, session):
+        self._fields.update(last_step=int(session.run(self._global_step)), last_at=time.time())
+        step_file.write(self._path, self._fields)
+
+
+def step_file_hooks():
+    """[StepFileHook] when an elastic launcher asked this process for one (its chief)."""
+    path = os.environ.get(step_file.ENV)
+    return [StepFileHook(path)] if path else []

@@ -5,10 +5,11 @@ split and the input's data (its prepare()), so bad input leaves model_dir untouc
 """
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 
 from estimator_dist.distribute import tf_config as cluster_lib
+from estimator_dist.errors import UserError
 from estimator_dist.training import config as config_lib
 from estimator_dist.distribute import devices as devices_lib
 from estimator_dist.distribute import horovod as hvd_lib
@@ -126,6 +127,25 @@ def check_cluster_run(config: config_lib.Config, workers: int, local: bool):
     per_replica = _per_replica_batch(config, devices, workers)
     if local:
         run_prepare(input_entry, input_params(config, per_replica))
+
+
+def cluster_sizes(config: config_lib.Config, low: int, high: int) -> List[int]:
+    """The worker counts in low..high whose replicas split the global batch: the sizes of an
+    elastic cluster on this machine (none: what the first would refuse, raised)."""
+    _entries(config)
+    devices = devices_lib.resolve(config.distribute.num_devices, gpus=None,
+                                  single_device=strategies.runs_one_device(
+                                      config.distribute.strategy))
+    sizes, refusal = [], None
+    for workers in range(low, high + 1):
+        try:
+            _per_replica_batch(config, devices, workers)
+            sizes.append(workers)
+        except UserError as e:
+            refusal = refusal or e
+    if not sizes:
+        raise refusal
+    return sizes
 
 
 def _entries(config: config_lib.Config):

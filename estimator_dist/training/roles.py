@@ -169,8 +169,9 @@ class Role:
 
     @property
     def evaluated_elsewhere(self) -> bool:
-        """A cluster's training task: the evaluator task evaluates and exports."""
-        return self.kind in (CHIEF, WORKER) and not self.horovod
+        """A training task of a cluster with an evaluator task, which evaluates and exports."""
+        return (self.kind in (CHIEF, WORKER) and not self.horovod and self.cluster is not None
+                and self.cluster.has_evaluator)
 
     # -- what it builds and runs -------------------------------------------------------
     @property

@@ -28,7 +28,7 @@ from estimator_dist.guards import storage
 from estimator_dist.distribute import strategies
 from estimator_dist.errors import OutOfMemory, TrainingFailed, UntrainableTrainOp, UserError, op_error_line
 from estimator_dist.training import roles
-from estimator_dist.training.hooks import ProgressHook, TrainOpCheckHook
+from estimator_dist.training.hooks import ProgressHook, TrainOpCheckHook, step_file_hooks
 from estimator_dist.training.estimator import build_estimator, build_model_fn, build_run_config, make_input_fn, single_device_estimator
 from estimator_dist.training.plan import Plan, describe, log_every, plain_features_note, plan
 from estimator_dist.training.preflight import check_eval_input_ends, check_eval_metric_names, check_predict_graph, own_server_checked, restorable_checkpoint, warm_start_settings
@@ -293,7 +293,8 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say,
                             bar_stream=sys.stdout if out is print and sys.stdout.isatty()
                             and p.writes_run_files else None,
                             summary_dir=p.model_dir if p.writes_run_files else None)
-    hooks = training_hooks(p, estimator, progress, say) + [train_op_check(p)] + list(extra_hooks)
+    hooks = (training_hooks(p, estimator, progress, say) + [train_op_check(p)] + step_file_hooks()
+             + list(extra_hooks))
     train_spec, eval_spec = build_specs(p, hooks)
     # Only this run's exports are reported: a resumed chief printed an earlier run's.
     earlier_exports = set(export_lib.export_paths(p.model_dir))

@@ -1,0 +1,230 @@
+"""Issue 24's elastic launcher, as a user runs it: `cluster --discovery` follows a slots file
+edited during the run, drops a worker killed by PID, waits below --min_workers, and a run
+that went 3 -> 2 -> 3 workers ends with the weights of one process."""
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from estimator_dist.errors import UserError
+from estimator_dist.launch import elastic
+from test_cluster import Run, alive, wait_for
+from test_elastic import TOLERANCE, max_abs_difference, step_of
+
+# A TF1 model_fn as users write it, with its own train_op; every step also sleeps 0.1 s so
+# that the test can change the cluster mid-run. SGD, no dropout or batch norm.
+USER_MODEL = '''
+import time
+
+import tensorflow as tf
+import estimator_dist as ed
+
+
+def pause():
+    time.sleep(0.1)
+    return 0
+
+
+@ed.register_model("slow_mlp", default_input="digits")
+def slow_mlp(features, labels, mode, params):
+    init = tf.compat.v1.glorot_uniform_initializer()
+    net = tf.compat.v1.layers.flatten(tf.cast(features["image"], tf.float32))
+    net = tf.compat.v1.layers.dense(net, 32, tf.nn.relu, kernel_initializer=init, name="hidden")
+    logits = tf.compat.v1.layers.dense(net, 10, kernel_initializer=init, name="logits")
+    predictions = {"class": tf.argmax(logits, 1)}
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions=predictions)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if mode == tf.estimator.ModeKeys.EVAL:
+        return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops={
+            "accuracy": tf.compat.v1.metrics.accuracy(labels, predictions["class"])})
+    with tf.control_dependencies([tf.py_function(pause, [], tf.int32)]):
+        train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            loss, global_step=tf.compat.v1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+'''
+FLAGS = ["--import", "slow_mlp", "--model", "slow_mlp", "--seed", "1", "--batch_size", "24",
+         "--export", "none"]
+STEP = r"\[chief:0\] step (\d+)/"
+
+
+@pytest.fixture
+def user_dir(tmp_path):
+    """A fresh directory with the user's model file, where the commands run."""
+    (tmp_path / "slow_mlp.py").write_text(USER_MODEL)
+    return tmp_path
+
+
+def slots(path, text):
+    """Rewrite the discovery file whole, as an orchestrator's script does (rename)."""
+    tmp = f"{path}.new"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def reforms(run):
+    return [line for line in run.lines if "] re-formed " in line]
+
+
+def test_three_two_three_workers_by_discovery_equal_one_process(user_dir):
+    """The discovery file goes 3 -> 2 -> 3 slots mid-run: two re-forms at the voted step (0
+    steps lost), each timed, and the weights after 120 steps are one process's."""
+    slots(user_dir / "slots", "localhost:3\n")
+    run = Run(["--discovery", "slots", "--min_workers", "2", "--max_workers", "3", *FLAGS,
+               "--train_steps", "120", "--model_dir", "elastic"], timeout=600, cwd=user_dir)
+    _, i = wait_for(run, STEP)
+    slots(user_dir / "slots", "localhost:2\n")
+    _, i = wait_for(run, r"\[launcher\] re-formed 3 -> 2 workers at step \d+", i)
+    slots(user_dir / "slots", "# hosts come back\nhost-a\nhost-b:2\n")
+    wait_for(run, r"\[launcher\] re-formed 2 -> 3 workers at step \d+", i)
+    assert run.wait() == 0, run.text
+    lines = reforms(run)
+    assert len(lines) == 2, run.text
+    for line in lines:
+        assert re.search(r"\(discovery lists [23] slots\): 0 steps lost, [\d.]+ s from the change "
+                         r"to the next step \(stop and checkpoint [\d.]+ s, start [\d.]+ s; the "
+                         r"first start took [\d.]+ s\)$", line), line
+    steps = [int(re.search(r"at step (\d+)", line).group(1)) for line in lines]
+    assert 0 < steps[0] < steps[1] < 120, lines
+    assert "global batch 24 = 12 x 2 replica(s)" in run.text
+    assert step_of(user_dir / "elastic") == 120
+    one = subprocess.run([sys.executable, "-m", "estimator_dist", "train", *FLAGS,
+                          "--train_steps", "120", "--strategy", "none", "--model_dir", "one"],
+                         cwd=user_dir, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stdout + one.stderr
+    difference = max_abs_difference(user_dir / "elastic", user_dir / "one")
+    print(f"max abs difference after 120 steps (3 -> 2 -> 3 workers vs one process): "
+          f"{difference:.3g}; {lines}")
+    assert difference <= TOLERANCE
+
+
+def test_a_worker_killed_with_no_restarts_left_drops_its_slot(user_dir):
+    """--max_restarts 0 and worker:0 killed by PID: the cluster re-forms without its slot
+    (from the last checkpoint: the peers could not vote) and finishes on one worker."""
+    slots(user_dir / "slots", "localhost:2\n")
+    run = Run(["--discovery", "slots", "--max_restarts", "0", *FLAGS, "--train_steps", "40",
+               "--save_checkpoints_steps", "5", "--model_dir", "run"], timeout=600, cwd=user_dir)
+    _, i = wait_for(run, STEP)
+    pid = run.pid_of("worker:0")
+    os.kill(pid, signal.SIGKILL)
+    wait_for(run, r"worker:0 exited with code -9 and --max_restarts 0 is used up: stopping "
+                  r"every task at its next step to re-form", i)
+    assert run.wait() == 0, run.text
+    line, = reforms(run)
+    assert re.search(r"re-formed 2 -> 1 worker at step \d+ \(worker:0 exited with code -9 and "
+                     r"--max_restarts 0 is used up\): ", line), line
+    assert step_of(user_dir / "run") == 40
+    assert not alive(pid)
+
+
+def test_below_min_workers_it_waits_then_starts_when_slots_come(user_dir):
+    slots(user_dir / "slots", "localhost:1\n")
+    run = Run(["--discovery", "slots", "--min_workers", "2", *FLAGS, "--train_steps", "4",
+               "--model_dir", "run"], timeout=300, cwd=user_dir)
+    _, i = wait_for(run, r"\[launcher\] waiting for workers: discovery lists 1 slot, the "
+                         r"smallest cluster is 2 workers; giving up in 600 s "
+                         r"\(--elastic_timeout\)")
+    time.sleep(2)
+    assert not any("started" in line for line in run.lines), run.text
+    slots(user_dir / "slots", "localhost\nlocalhost\n")
+    assert run.wait() == 0, run.text
+    assert "started worker:0" in run.text
+    assert step_of(user_dir / "run") == 4
+
+
+def test_below_min_workers_past_the_timeout_exits_3_having_started_nothing(user_dir):
+    slots(user_dir / "slots", "")
+    run = Run(["--discovery", "slots", "--min_workers", "2", "--elastic_timeout", "1", *FLAGS,
+               "--model_dir", "run"], timeout=120, cwd=user_dir)
+    assert run.wait() == 3, run.text
+    assert run.lines[-1] == ("[launcher] error: still discovery lists 0 slots after 1 s, fewer "
+                             "than --min_workers 2; add slots to slots and rerun to resume")
+    assert "started" not in run.text
+    assert not (user_dir / "run").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--discovery", "slots", "--workers", "2"],
+     "--workers 2 with --discovery: the discovery's slots set the worker count; drop --workers "
+     "(bound it with --min_workers and --max_workers)"),
+    (["--min_workers", "2"],
+     "--min_workers without --discovery: an elastic cluster follows the worker slots a "
+     "discovery file lists; add --discovery PATH, or use --workers N"),
+    (["--discovery", "slots", "--min_workers", "3", "--max_workers", "2"],
+     "--max_workers 2 is below --min_workers 3; use --max_workers >= 3"),
+    (["--discovery", "nowhere"],
+     "--discovery nowhere: No such file or directory; list the worker slots available now, a "
+     "line per host (HOST or HOST:SLOTS)"),
+    (["--discovery", "slots", "--min_workers", "5", "--max_workers", "5"],
+     "--batch_size 24 is not divisible by the 5 replicas of --strategy multi_worker_mirrored; "
+     "use a multiple of 5 (e.g. 25), or keep --batch_size 24 with --workers 1, 2, 3, 4, 6, 8 "
+     "or 12"),
+])
+def test_elastic_flags_refused_in_one_line(user_dir, flags, message):
+    slots(user_dir / "slots", "localhost:4\n")
+    proc = subprocess.run([sys.executable, "-m", "estimator_dist", "cluster", *flags, *FLAGS],
+                          cwd=user_dir, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == f"estimator-dist: error: {message}\n"
+    assert proc.stdout == ""
+
+
+def test_slots_from_a_file_or_an_executable(tmp_path):
+    listing = tmp_path / "hosts"
+    listing.write_text("# the pool\nhost-1:2\n\nhost-2   # one slot\nhost-3:0\n")
+    assert elastic.read_slots(str(listing)) == 3
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\necho other:3\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    assert elastic.read_slots(str(script)) == 5
+    listing.write_text("host-1:two\n")
+    with pytest.raises(elastic.BadDiscovery, match=r"line 1 'host-1:two' is not HOST or "
+                                                   r"HOST:SLOTS \(e.g. localhost:2\)"):
+        elastic.read_slots(str(listing))
+    script.write_text("#!/bin/sh\nexit 4\n")
+    with pytest.raises(elastic.BadDiscovery, match="exited with code 4"):
+        elastic.read_slots(str(script))
+
+
+def test_the_size_is_the_largest_that_keeps_the_batch(tmp_path):
+    assert elastic.size_for(3, [2, 4]) == 2
+    assert elastic.size_for(9, [2, 4]) == 4
+    assert elastic.size_for(1, [2, 4]) == 0
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-60"\n'
+                                         'all_model_checkpoint_paths: "model.ckpt-30"\n')
+    assert elastic.checkpoint_step(str(tmp_path)) == 60
+    assert elastic.checkpoint_step(str(tmp_path / "none")) is None
+
+
+def test_a_change_counts_when_two_reads_agree(tmp_path, monkeypatch):
+    """A file caught half-written is read once: it does not stop the cluster."""
+    path = tmp_path / "slots"
+    path.write_text("a:3\n")
+    monkeypatch.setattr(elastic, "DISCOVERY_EVERY_S", 0.0)
+    e = elastic.Elastic(str(path), [1, 2, 3], str(tmp_path), 1.0, None, emit=lambda line: None)
+    assert e.target == 3
+    path.write_text("a:1\n")
+    e._read()
+    assert e.target == 3
+    path.write_text("a:3\n")
+    e._read()
+    assert e.target == 3
+    path.write_text("a:2\n")
+    e._read()
+    e._read()
+    assert e.target == 2
+
+
+def test_check_range():
+    elastic.check_range(1, None, 31, 600.0)
+    for args, message in [((0, None, 31, 1.0), "--min_workers 0: must be >= 1"),
+                          ((2, 40, 31, 1.0), "--max_workers 40: at most 31 workers"),
+                          ((1, 2, 31, float("nan")), "--elastic_timeout nan")]:
+        with pytest.raises(UserError, match=re.escape(message)):
+            elastic.check_range(*args)

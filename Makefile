@@ -15,6 +15,9 @@ OUTPUT ?= $(MODEL_DIR)/predictions.csv
 TESTARGS ?=
 GPU ?=
 WORKERS ?= 2
+DISCOVERY ?=
+MIN_WORKERS ?=
+MAX_WORKERS ?=
 PS ?= 0
 EVALUATOR ?= 1
 BENCH_DIR ?= runs/bench
@@ -71,8 +74,12 @@ test-fast: $(HOROVOD_STAMP)
 bench: $(HOROVOD_STAMP)
 	$(BIN)/estimator-dist bench --output_dir $(BENCH_DIR) $(ARGS)
 
+# DISCOVERY=PATH: an elastic cluster (docs/elastic.md) of MIN_WORKERS..MAX_WORKERS workers,
+# as many as PATH lists slots; it replaces WORKERS.
 cluster: $(STAMP) $(if $(HVD),$(HOROVOD_STAMP))
-	$(BIN)/estimator-dist cluster $(if $(LAUNCHER),--launcher $(LAUNCHER)) --workers $(WORKERS) \
+	$(BIN)/estimator-dist cluster $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(DISCOVERY),\
+	  --discovery $(DISCOVERY) $(if $(MIN_WORKERS),--min_workers $(MIN_WORKERS)) \
+	  $(if $(MAX_WORKERS),--max_workers $(MAX_WORKERS)),--workers $(WORKERS)) \
 	  $(if $(HVD),,--ps $(PS) $(if $(filter 1,$(EVALUATOR)),--evaluator)) \
 	  --model $(MODEL) --model_dir $(MODEL_DIR) $(if $(STEPS),--train_steps $(STEPS)) \
 	  $(if $(filter-out none,$(STRATEGY)),--strategy $(STRATEGY)) $(ARGS)

@@ -93,6 +93,7 @@ class Preempted(ReportedError):
 
     exit_code = EXIT_PREEMPTED
     label = "preempted"
+    step = None  # the global step training stopped at, when known
 
 
 class Interrupted(ReportedError):
@@ -100,6 +101,7 @@ class Interrupted(ReportedError):
 
     exit_code = EXIT_INTERRUPTED
     label = "interrupted"
+    step = None  # the global step training stopped at, when known
 
 
 def reported(error: "ReportedError") -> int:

@@ -10,10 +10,11 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from estimator_dist.errors import UserError
-from estimator_dist.launch import elastic
-from test_cluster import Run, alive, wait_for
+from estimator_dist.launch import elastic, tfjob
+from test_cluster import REPO, Run, alive, wait_for
 from test_elastic import TOLERANCE, max_abs_difference, step_of
 
 # A TF1 model_fn as users write it, with its own train_op; every step also sleeps 0.1 s so
@@ -123,6 +124,22 @@ def test_a_worker_killed_with_no_restarts_left_drops_its_slot(user_dir):
     assert not alive(pid)
 
 
+def test_parameter_server_workers_follow_the_slots(user_dir):
+    """parameter_server: the ps task stays one, the workers go 2 -> 1 at the chief's step."""
+    slots(user_dir / "slots", "localhost:2\n")
+    run = Run(["--discovery", "slots", "--ps", "1", "--strategy", "parameter_server", *FLAGS,
+               "--train_steps", "200", "--model_dir", "run"], timeout=600, cwd=user_dir)
+    # Asynchronous: the chief's progress lines skip the steps the worker takes.
+    _, i = wait_for(run, r"\[launcher\] 2 workers took their first step")
+    slots(user_dir / "slots", "localhost:1\n")
+    wait_for(run, r"\[launcher\] re-formed 2 -> 1 worker at step \d+ \(discovery lists 1 "
+                  r"slot\): 0 steps lost", i)
+    assert run.wait() == 0, run.text
+    assert len(reforms(run)) == 1 and run.text.count("started ps:0") == 2, run.text
+    assert "of 1 worker(s), 1 ps" in run.text
+    assert step_of(user_dir / "run") >= 200  # asynchronous workers may overshoot by a step
+
+
 def test_below_min_workers_it_waits_then_starts_when_slots_come(user_dir):
     slots(user_dir / "slots", "localhost:1\n")
     run = Run(["--discovery", "slots", "--min_workers", "2", *FLAGS, "--train_steps", "4",
@@ -228,3 +245,31 @@ def test_check_range():
                           ((1, 2, 31, float("nan")), "--elastic_timeout nan")]:
         with pytest.raises(UserError, match=re.escape(message)):
             elastic.check_range(*args)
+
+
+def test_make_cluster_with_discovery_runs_the_elastic_launcher():
+    result = subprocess.run(["make", "--no-print-directory", "-n", "-B", "cluster",
+                             "DISCOVERY=slots", "MIN_WORKERS=2", "MAX_WORKERS=3",
+                             "MODEL=digits"], cwd=REPO, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    command = " ".join(result.stdout.replace("\\\n", " ").split("\n")[-2].split())
+    assert command == (".venv/bin/estimator-dist cluster --discovery slots --min_workers 2 "
+                       "--max_workers 3 --ps 0 --evaluator --model digits --model_dir "
+                       "runs/digits")
+
+
+def test_a_tfjob_with_workers_says_how_to_resize_it():
+    job = tfjob.manifest("mnist", "img:1", ["--model", "digits", "--model_dir", "gs://b/run",
+                                             "--strategy", "multi_worker_mirrored"],
+                         3, 0, False, "team", None, "/data", 0, 0)
+    text = tfjob.to_yaml(job)
+    assert text.splitlines()[1] == (
+        "# Resize: kubectl delete tfjob mnist -n team (every pod gets SIGTERM; the chief saves "
+        "the step they stop at), then apply a manifest written with another --workers and the "
+        "same --model_dir: it resumes there with the same global batch (docs/elastic.md)")
+    assert yaml.safe_load(text) == job
+    alone = tfjob.manifest("one", "img:1", ["--model", "digits", "--strategy", "mirrored"], 1, 0, False,
+                           "team", None,
+                           "/data", 0, 0)
+    assert "Resize" not in tfjob.to_yaml(alone)

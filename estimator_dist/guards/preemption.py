@@ -173,9 +173,12 @@ def stopped_by(signum: int, message: str):
 def preempted(step: int, checkpoint, latest=None, signum: int = signal.SIGTERM):
     then = retry("to resume from it", signum)
     if checkpoint is None:
-        return stopped_by(signum, f"at step {step}: no final checkpoint (the model_fn's Scaffold "
-                                  f"has its own saver); the latest is {latest}; {then}")
-    return stopped_by(signum, f"at step {step}: saved {checkpoint}; {then}")
+        error = stopped_by(signum, f"at step {step}: no final checkpoint (the model_fn's "
+                                   f"Scaffold has its own saver); the latest is {latest}; {then}")
+    else:
+        error = stopped_by(signum, f"at step {step}: saved {checkpoint}; {then}")
+    error.step = step
+    return error
 
 
 def preempted_during_evaluation(checkpoint, signum: int = signal.SIGTERM):

@@ -111,5 +111,8 @@ def preempted(vote: VoteHook, names_checkpoint: bool, model_dir: str) -> Preempt
                  else f"no final checkpoint; {preemption.where_to_resume(latest)}")
     else:
         saved = f"the chief saved model.ckpt-{step} in {model_dir}"
-    return Preempted(f"{who} at step {step}: every worker stopped there ({vote.signalled_workers} "
-                     f"got SIGTERM); {saved}; {preemption.retry('to resume from it')}")
+    error = Preempted(f"{who} at step {step}: every worker stopped there "
+                      f"({vote.signalled_workers} got SIGTERM); {saved}; "
+                      f"{preemption.retry('to resume from it')}")
+    error.step = step
+    return error

@@ -208,7 +208,7 @@ class Elastic:
             self.say(f"{plural(start['size'], 'worker')} took their first step "
                      f"{self.first_start:.1f} s after the start")
             return
-        lost = ("? steps lost (the chief stopped without its final step)"
+        lost = ("? steps lost (the chief stopped without a final checkpoint)"
                 if reform["lost"] is None else f"{plural(reform['lost'], 'step')} lost")
         total = steps["first_at"] - reform["at"]
         self.say(f"re-formed {reform['old']} -> {plural(start['size'], 'worker')} at step "

@@ -218,6 +218,15 @@ def _strategy(train_args: List[str]) -> str:
 
 
 def to_yaml(job: Dict[str, Any]) -> str:
-    header = "# " + shlex.join(job["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]
-                                ["containers"][0]["command"]) + "\n"
+    """The manifest, after a comment with the replicas' command (and, for a job with workers,
+    how to resize it: docs/elastic.md)."""
+    replicas = job["spec"]["tfReplicaSpecs"]
+    header = "# " + shlex.join(replicas["Chief"]["template"]["spec"]["containers"][0]
+                               ["command"]) + "\n"
+    if "Worker" in replicas:
+        header += (f"# Resize: kubectl delete tfjob {job['metadata']['name']} -n "
+                   f"{job['metadata']['namespace']} (every pod gets "
+                   f"SIGTERM; the chief saves the step they stop at), then apply a manifest "
+                   f"written with another --workers and the same --model_dir: it resumes there "
+                   f"with the same global batch (docs/elastic.md)\n")
     return header + yaml.safe_dump(job, sort_keys=False)

@@ -319,27 +319,34 @@ class TrainOpCheckHook(tf.compat.v1.train.SessionRunHook):
 
 
 class StepFileHook(tf.compat.v1.train.SessionRunHook):
-    """Writes launch/step_file.py's file: after this process's first step and at the end."""
+    """Writes launch/step_file.py's file after this process's first step (note_stop: when
+    training stopped on a signal)."""
 
     def __init__(self, path: str):
         self._path = path
-        self._fields = {}
+        self._written = False
 
     def begin(self):
         self._global_step = tf.compat.v1.train.get_global_step()
 
     def after_run(self, run_context, run_values):
-        if not self._fields:
-            self._fields = {"first_step": int(run_context.session.run(self._global_step)),
-                            "first_at": time.time()}
-            step_file.write(self._path, self._fields)
-
-    def end(self, session):
-        self._fields.update(last_step=int(session.run(self._global_step)), last_at=time.time())
-        step_file.write(self._path, self._fields)
+        if not self._written:
+            self._written = True
+            step_file.write(self._path, {
+                "first_step": int(run_context.session.run(self._global_step)),
+                "first_at": time.time()})
 
 
 def step_file_hooks():
     """[StepFileHook] when an elastic launcher asked this process for one (its chief)."""
     path = os.environ.get(step_file.ENV)
     return [StepFileHook(path)] if path else []
+
+
+def note_stop(step):
+    """The step training stopped at on SIGTERM (Preempted.step), into the step file if there
+    is one: the launcher reports the steps trained after the checkpoint as lost."""
+    path = os.environ.get(step_file.ENV)
+    if path and step is not None:
+        step_file.write(path, {**step_file.read(path), "last_step": step,
+                               "last_at": time.time()})

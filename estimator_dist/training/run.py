@@ -26,9 +26,10 @@ from estimator_dist.guards import preemption
 from estimator_dist import quiet
 from estimator_dist.guards import storage
 from estimator_dist.distribute import strategies
-from estimator_dist.errors import OutOfMemory, TrainingFailed, UntrainableTrainOp, UserError, op_error_line
+from estimator_dist.errors import (Interrupted, OutOfMemory, Preempted, TrainingFailed,
+                                   UntrainableTrainOp, UserError, op_error_line)
 from estimator_dist.training import roles
-from estimator_dist.training.hooks import ProgressHook, TrainOpCheckHook, step_file_hooks
+from estimator_dist.training.hooks import ProgressHook, TrainOpCheckHook, note_stop, step_file_hooks
 from estimator_dist.training.estimator import build_estimator, build_model_fn, build_run_config, make_input_fn, single_device_estimator
 from estimator_dist.training.plan import Plan, describe, log_every, plain_features_note, plan
 from estimator_dist.training.preflight import check_eval_input_ends, check_eval_metric_names, check_predict_graph, own_server_checked, restorable_checkpoint, warm_start_settings
@@ -179,6 +180,9 @@ def train(config: config_lib.Config, out=print, extra_hooks=()) -> Dict[str, Any
         with model_dir_lock.held(p.model_dir) if p.writes_run_files else \
                 contextlib.nullcontext():
             return _train(p, out, extra_hooks)
+    except (Preempted, Interrupted) as e:
+        note_stop(e.step)
+        raise
     except (UserError, OutOfMemory) as e:
         steps = checkpoints_lib.complete_checkpoints(p.model_dir)
         untrained = not steps or (isinstance(e, UntrainableTrainOp) and set(steps) == {0})

@@ -12,6 +12,7 @@ import time
 import pytest
 import yaml
 
+from estimator_dist.cli.main import main
 from estimator_dist.errors import UserError
 from estimator_dist.launch import elastic, tfjob
 from test_cluster import REPO, Run, alive, wait_for
@@ -105,21 +106,30 @@ def test_three_two_three_workers_by_discovery_equal_one_process(user_dir):
     assert difference <= TOLERANCE
 
 
-def test_a_worker_killed_with_no_restarts_left_drops_its_slot(user_dir):
-    """--max_restarts 0 and worker:0 killed by PID: the cluster re-forms without its slot
-    (from the last checkpoint: the peers could not vote) and finishes on one worker."""
+def test_a_worker_killed_with_no_restarts_left_drops_its_slot_then_waits(user_dir):
+    """--max_restarts 0 and worker:0 killed by PID: its slot is dropped, which leaves fewer
+    than --min_workers; the launcher waits (starting nothing) until a slot is added, then
+    re-forms from the last checkpoint (the peers could not vote) and finishes."""
     slots(user_dir / "slots", "localhost:2\n")
-    run = Run(["--discovery", "slots", "--max_restarts", "0", *FLAGS, "--train_steps", "40",
-               "--save_checkpoints_steps", "5", "--model_dir", "run"], timeout=600, cwd=user_dir)
+    run = Run(["--discovery", "slots", "--min_workers", "2", "--max_restarts", "0", *FLAGS,
+               "--train_steps", "40", "--save_checkpoints_steps", "5", "--model_dir", "run"],
+              timeout=600, cwd=user_dir)
     _, i = wait_for(run, STEP)
     pid = run.pid_of("worker:0")
     os.kill(pid, signal.SIGKILL)
-    wait_for(run, r"worker:0 exited with code -9 and --max_restarts 0 is used up: stopping "
-                  r"every task at its next step to re-form", i)
+    _, i = wait_for(run, r"worker:0 exited with code -9 and --max_restarts 0 is used up: "
+                         r"stopping every task at its next step to re-form", i)
+    _, i = wait_for(run, r"\[launcher\] waiting for workers: discovery lists 2 slots \(1 "
+                         r"dropped\), the smallest cluster is 2 workers; giving up in 600 s "
+                         r"\(--elastic_timeout\)$", i)
+    time.sleep(2)
+    assert not any("started" in line for line in run.lines[i:]), run.text
+    slots(user_dir / "slots", "localhost\nlocalhost\nlocalhost\n")
     assert run.wait() == 0, run.text
     line, = reforms(run)
-    assert re.search(r"re-formed 2 -> 1 worker at step \d+ \(worker:0 exited with code -9 and "
-                     r"--max_restarts 0 is used up\): ", line), line
+    assert re.search(r"re-formed 2 -> 2 workers at step \d+ \(worker:0 exited with code -9 "
+                     r"and --max_restarts 0 is used up\): \? steps lost \(the chief stopped "
+                     r"without a final checkpoint\), ", line), line
     assert step_of(user_dir / "run") == 40
     assert not alive(pid)
 
@@ -138,21 +148,6 @@ def test_parameter_server_workers_follow_the_slots(user_dir):
     assert len(reforms(run)) == 1 and run.text.count("started ps:0") == 2, run.text
     assert "of 1 worker(s), 1 ps" in run.text
     assert step_of(user_dir / "run") >= 200  # asynchronous workers may overshoot by a step
-
-
-def test_below_min_workers_it_waits_then_starts_when_slots_come(user_dir):
-    slots(user_dir / "slots", "localhost:1\n")
-    run = Run(["--discovery", "slots", "--min_workers", "2", *FLAGS, "--train_steps", "4",
-               "--model_dir", "run"], timeout=300, cwd=user_dir)
-    _, i = wait_for(run, r"\[launcher\] waiting for workers: discovery lists 1 slot, the "
-                         r"smallest cluster is 2 workers; giving up in 600 s "
-                         r"\(--elastic_timeout\)")
-    time.sleep(2)
-    assert not any("started" in line for line in run.lines), run.text
-    slots(user_dir / "slots", "localhost\nlocalhost\n")
-    assert run.wait() == 0, run.text
-    assert "started worker:0" in run.text
-    assert step_of(user_dir / "run") == 4
 
 
 def test_below_min_workers_past_the_timeout_exits_3_having_started_nothing(user_dir):
@@ -183,13 +178,16 @@ def test_below_min_workers_past_the_timeout_exits_3_having_started_nothing(user_
      "use a multiple of 5 (e.g. 25), or keep --batch_size 24 with --workers 1, 2, 3, 4, 6, 8 "
      "or 12"),
 ])
-def test_elastic_flags_refused_in_one_line(user_dir, flags, message):
-    slots(user_dir / "slots", "localhost:4\n")
-    proc = subprocess.run([sys.executable, "-m", "estimator_dist", "cluster", *flags, *FLAGS],
-                          cwd=user_dir, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr == f"estimator-dist: error: {message}\n"
-    assert proc.stdout == ""
+def test_elastic_flags_refused_in_one_line(tmp_path, monkeypatch, capsys, flags, message):
+    """Refused before any task starts (in this process: main() as the console script calls
+    it), exit 2."""
+    monkeypatch.chdir(tmp_path)
+    slots(tmp_path / "slots", "localhost:4\n")
+    code = main(["cluster", *flags, "--model", "digits", "--seed", "1", "--batch_size", "24",
+                 "--export", "none", "--model_dir", "run"])
+    out, err = capsys.readouterr()
+    assert (code, err, out) == (2, f"estimator-dist: error: {message}\n", "")
+    assert not (tmp_path / "run").exists()
 
 
 def test_slots_from_a_file_or_an_executable(tmp_path):

@@ -309,8 +309,6 @@ class Supervisor:
         try:
             while True:
                 time.sleep(POLL_SECONDS)
-                if self.watch:
-                    self.watch()
                 for task in list(self.tasks):
                     code = task.process.poll()
                     if code is None:
@@ -332,6 +330,9 @@ class Supervisor:
                     if code != 0:
                         self._restart(task, code)
                         break
+                else:
+                    if self.watch:  # after the exits: a chief that finished ends the run
+                        self.watch()
         except Reform as e:
             self.say(f"{e.reason}: stopping every task at its next step to re-form")
             raise

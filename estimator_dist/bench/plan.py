@@ -57,12 +57,13 @@ SETTINGS = {
                            burst_steps=5),
     "mlp": ModelSettings("bench_mlp", "MLP 3072-256-256-10", batch=256, warmup=20, bursts=8,
                          burst_steps=26),
+    # Long bursts: a pipeline alone fills its prefetch buffers while it waits at the gate.
     "imagenet_input": ModelSettings("imagenet", "ImageNet input", batch=32, warmup=6,
-                                    bursts=8, burst_steps=8),
+                                    bursts=6, burst_steps=24),
     "resnet50": ModelSettings("resnet50", f"ResNet-50 {IMAGENET_SIZE} px", batch=16, warmup=3,
                               bursts=6, burst_steps=4),
     "imagenet_overhead": ModelSettings("bench_trivial", "ImageNet->trivial",
-                                       batch=32, warmup=6, bursts=8, burst_steps=12),
+                                       batch=32, warmup=6, bursts=8, burst_steps=24),
 }
 
 

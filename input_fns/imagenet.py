@@ -7,10 +7,8 @@ The model's hparams it reads: image_size, zero_based_labels, shuffle_buffer.
 """
 import tensorflow as tf
 
-from estimator_dist.distribute import devices as devices_lib
 from estimator_dist.errors import UserError
 from estimator_dist.records import layout
-from estimator_dist.training import reader_priority
 from estimator_dist.training.registry import register_input
 from input_fns import imagenet_preprocessing as preprocessing
 from input_fns import record_files
@@ -82,14 +80,9 @@ def parser(training: bool, size: int, zero_based: bool):
     return parse
 
 
-@register_input("imagenet", prepare=prepare, data_flags=("data_dir", "reader_nice"))
+@register_input("imagenet", prepare=prepare, data_flags=("data_dir",))
 def imagenet_input(mode, params, input_context=None):
-    """ImageNet-layout TFRecords: ({"image": float32 [B,S,S,3] 0-255}, int32 [B]), augmented.
-
-    Training decodes on the reader's own threads (a private pool, a thread per core) at a
-    lower priority (reader_priority.py: --reader_nice, default 19), so that the JPEG work
-    fills the cores the training step leaves idle instead of taking its op shards' cores.
-    """
+    """ImageNet-layout TFRecords: ({"image": float32 [B,S,S,3] 0-255}, int32 [B]), augmented."""
     training = mode == tf.estimator.ModeKeys.TRAIN
     data_dir = _data_dir(params)
     split = "train" if training else "validation"
@@ -98,10 +91,4 @@ def imagenet_input(mode, params, input_context=None):
         raise UserError(f"--data_dir {data_dir}: no {split}-* TFRecord shards")
     ds = record_files.records(files, training, params, input_context, f"{data_dir}/{split}-*")
     parse = parser(training, image_size(params), bool(params.get("zero_based_labels")))
-    if not training:
-        return record_files.batched(ds, parse, int(params["batch_size"]), training)
-    parse = reader_priority.lowered(parse, params.get("reader_nice"))
-    options = tf.data.Options()
-    options.threading.private_threadpool_size = devices_lib.available_cores()
-    return record_files.batched(ds.with_options(options), parse, int(params["batch_size"]),
-                                training)
+    return record_files.batched(ds, parse, int(params["batch_size"]), training)

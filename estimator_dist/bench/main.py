@@ -100,8 +100,8 @@ def imagenet_spec(options: Options, settings, imagenet_dir: str, case: Case,
     imagenet_dir, the project case's model at the case's image size."""
     s = settings[case.model]
     project = case.driver == "project"
-    extra = list(options.extra_args) + list(COMPUTE_FLAGS[case.compute]) + \
-        (["--set", f"image_size={case.image_size}"] if project and case.model == "resnet50" else [])
+    extra = list(options.extra_args) + (["--set", f"image_size={case.image_size}"]
+                                        if project and case.model == "resnet50" else [])
     return {
         "driver": case.driver, "imagenet": True,
         "model": s.registered if project else case.model,

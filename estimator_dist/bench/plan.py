@@ -148,7 +148,6 @@ def imagenet_cases(model: str) -> List[Case]:
                 for driver in PIPELINE_DRIVERS]
     if model == "resnet50":
         return [c("project"), c("keras"), c("project", real_input=True),
-                c("project", real_input=True, compute="reader_nice0"),
                 c("project", "mirrored", 2), c("keras", "mirrored", 2)]
     return [c("project", real_input=True), c("bare", real_input=True)]
 

@@ -122,6 +122,17 @@ def test_the_check_can_fail_a_flip_after_the_resize_is_not_within_it(jpegs):
     assert worst > MAX_MAE
 
 
+def test_imagenet_input_runs_each_op_on_one_thread(tmp_path):
+    """r1's max_intra_op_parallelism = 1, for training and eval."""
+    from estimator_dist.training.registry import INPUTS
+
+    records = imagenet_data.write_records(str(tmp_path), 6)
+    params = {"data_dir": records, "batch_size": 2, "image_size": 32}
+    for mode in (tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL):
+        dataset = INPUTS.get("imagenet").fn(mode, params)
+        assert dataset.options().threading.max_intra_op_parallelism == 1
+
+
 def test_imagenet_is_opt_in_and_stands_for_its_three_parts():
     assert "imagenet" not in bench_plan.MODELS and bench_plan.Options().models == bench_plan.MODELS
     assert bench_plan.expand_models(("mlp", "imagenet", "resnet50")) == \

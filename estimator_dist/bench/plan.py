@@ -317,7 +317,7 @@ def check_options(options: Options):
         raise UserError(f"--rounds {options.rounds}: must be 1-{MAX_ROUNDS}")
     unknown = [m for m in options.models if m not in KNOWN_MODELS]
     if unknown or not options.models:
-        raise UserError(f"--models {','.join(options.models)}: choose from "
+        raise UserError(f"--models {','.join(unknown or options.models)}: choose from "
                         f"{', '.join(MODELS + tuple(OPT_IN))} (imagenet: its parts "
                         f"{', '.join(IMAGENET_PARTS)}, which may be given alone)")
     if not 0 < options.case_timeout < float("inf"):  # NaN fails too

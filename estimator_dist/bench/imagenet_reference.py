@@ -7,7 +7,8 @@ Written from tensorflow/models `official/r1/resnet/imagenet_main.py` (`_parse_ex
 the same parameters. Two changes, neither touching an image: the file list is the
 directory's train-* shards (r1 names 1024 of them), and the file shuffle's buffer is
 their count (r1: 1024, all of its files). r1's defaults are kept:
-`datasets_num_private_threads` None, `drop_remainder` False, float32.
+`datasets_num_private_threads` None, `drop_remainder` False, float32; the records repeat
+without end (`num_epochs` None; r1's training loop passes its epochs between evaluations).
 """
 import tensorflow as tf
 

@@ -6,8 +6,13 @@ import sys
 from estimator_dist.bench import cases
 
 
-def runner_for(driver: str):
-    """The function that runs a driver's case (bench_comm's are imported only when run)."""
+def runner_for(driver: str, imagenet: bool = False):
+    """The function that runs a driver's case (bench_comm's and the ImageNet bench's are
+    imported only when run; the latter registers its models and input)."""
+    if imagenet:
+        from estimator_dist.bench import imagenet_cases
+
+        return imagenet_cases.DRIVERS.get(driver, cases.run_project)
     if driver in ("comm", "tcp"):
         from estimator_dist.bench import comm as bench_comm
 
@@ -21,7 +26,7 @@ def main(argv=None) -> int:
     with open(argv[0], encoding="utf-8") as f:
         spec = json.load(f)
     clock = cases.Clock(spec, cases.Gate(spec["control_fds"]))
-    code = runner_for(spec["driver"])(spec, clock)
+    code = runner_for(spec["driver"], bool(spec.get("imagenet")))(spec, clock)
     print(f"bench case: training ended after {clock.count} steps, before the bench's quit",
           file=sys.stderr)
     return code or 1

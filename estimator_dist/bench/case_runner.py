@@ -158,6 +158,8 @@ class CaseRun:
             # Process CPU time (all threads) per step: the work done, which other
             # processes' load moves little, unlike wall time.
             "cpu_ms_per_step": 1000.0 * cpu / max(ran, 1),
+            "burst_cpu_ms_per_step": [1000.0 * b["cpu_seconds"] / max(b["steps"], 1)
+                                      for b in self.bursts],
             "first_step_seconds": self.ready["first_step_seconds"],
             "onednn": self.ready.get("onednn"),
         }

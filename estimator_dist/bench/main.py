@@ -28,12 +28,17 @@ import numpy as np
 
 from estimator_dist.bench import case_runner as bench_runner
 from estimator_dist.distribute import specs
-from estimator_dist.bench.plan import COMPUTE_FLAGS, Case, Options, PROCESS_STRATEGIES, QUICK_SETTINGS, SETTINGS, check_options, schedule
+from estimator_dist.bench.plan import COMPUTE_FLAGS, Case, IMAGENET_PARTS, Options, PIPELINE_DRIVERS, PROCESS_STRATEGIES, QUICK_SETTINGS, SETTINGS, check_options, schedule
 from estimator_dist.bench.results import format_table, format_targets, make_rows, measurement, target_rows, write_csv, write_plot, write_targets_csv
 
 
 # The real-input case reads this many CIFAR-10 records written in the binary format.
 REAL_RECORDS_PER_FILE = 2000
+
+
+# The ImageNet bench's JPEGs (imagenet_data.py), written once per run.
+IMAGENET_IMAGES = 96
+QUICK_IMAGENET_IMAGES = 24
 
 
 def child_main():
@@ -66,8 +71,10 @@ def write_cifar_files(directory: str, records: int = REAL_RECORDS_PER_FILE, seed
 
 
 def case_spec(options: Options, settings, cifar_dir: str, case: Case, model_dir: str,
-              worker: int) -> Dict:
+              worker: int, imagenet_dir: str = "") -> Dict:
     """What one process of a case runs (case_process.main reads it)."""
+    if case.model in IMAGENET_PARTS:
+        return imagenet_spec(options, settings, imagenet_dir, case, model_dir)
     s = settings[case.model]
     return {
         "driver": case.driver,
@@ -84,6 +91,27 @@ def case_spec(options: Options, settings, cifar_dir: str, case: Case, model_dir:
         "cores": [worker % (os.cpu_count() or 1)] if case.strategy in PROCESS_STRATEGIES else [],
         "extra_args": _train_flags(options, case, s.registered),
         "tf_defaults": case.tf_defaults,
+    }
+
+
+def imagenet_spec(options: Options, settings, imagenet_dir: str, case: Case,
+                  model_dir: str) -> Dict:
+    """A case of `--models imagenet` (imagenet_cases.py): one process, the records in
+    imagenet_dir, the project case's model at the case's image size."""
+    s = settings[case.model]
+    project = case.driver == "project"
+    extra = list(options.extra_args) + (["--set", f"image_size={case.image_size}"]
+                                        if project and case.model == "resnet50" else [])
+    return {
+        "driver": case.driver, "imagenet": True,
+        "model": s.registered if project else case.model,
+        "input": "imagenet" if case.real_input else "bench_images",
+        "data_dir": imagenet_dir if case.real_input or case.driver in PIPELINE_DRIVERS else "",
+        "strategy": case.strategy, "num_devices": case.num_devices,
+        "global_batch": s.batch, "warmup": s.warmup, "train_steps": s.train_steps,
+        "image_size": case.image_size, "model_dir": model_dir, "worker": 0, "cores": [],
+        "extra_args": extra if project else [], "tf_defaults": False,
+        "cpu_from_report": case.driver in PIPELINE_DRIVERS,
     }
 
 
@@ -142,6 +170,13 @@ def run(options: Options) -> int:
     settings = QUICK_SETTINGS if options.quick else SETTINGS
     records = 64 if options.quick else REAL_RECORDS_PER_FILE
     cifar_dir = write_cifar_files(os.path.join(work, "cifar10"), records)
+    imagenet_dir = ""
+    if any(m in IMAGENET_PARTS for m in options.models):
+        from estimator_dist.bench import imagenet_data
+
+        imagenet_dir = imagenet_data.write_records(
+            os.path.join(work, "imagenet"),
+            QUICK_IMAGENET_IMAGES if options.quick else IMAGENET_IMAGES)
     total = sum(len(g) for r in rounds for g in r)
     say(f"bench: {total} case runs ({len(rounds)} round(s) of {total // len(rounds)}, in "
         f"{len(rounds[0])} interleaved group(s)) on "
@@ -149,7 +184,7 @@ def run(options: Options) -> int:
     runner = bench_runner.Runner(
         options, settings, os.path.abspath(work), cifar_dir,
         spec_for=lambda case, model_dir, worker: case_spec(options, settings, cifar_dir, case,
-                                                           model_dir, worker),
+                                                           model_dir, worker, imagenet_dir),
         envs_for=process_envs)
     measurements = []
     for r, groups in enumerate(rounds):
@@ -187,6 +222,7 @@ def run(options: Options) -> int:
                              "window_examples_per_sec": m.window_examples_per_sec,
                              "first_step_seconds": m.first_step_seconds,
                              "peak_rss_mb": m.peak_rss_mb, "cpu_ms_per_step": m.cpu_ms_per_step,
+                             "burst_cpu_ms_per_step": m.burst_cpu_ms_per_step,
                              "onednn": m.onednn, "wall_seconds": m.wall_seconds,
                              "error": m.error} for m in measurements],
                    "targets": targets}, f, indent=2)

@@ -12,7 +12,20 @@ from estimator_dist.errors import UserError
 DEFAULT_OUTPUT_DIR = os.path.join("runs", "bench")
 
 
-MODELS = ("cifar", "mlp")
+MODELS = ("cifar", "mlp")  # the default --models
+
+
+# `--models imagenet` (opt-in: a few minutes more) stands for its three parts (issue 26):
+# the input pipeline alone, the ResNet-50 step, the Estimator's overhead over a bare loop.
+IMAGENET_PARTS = ("imagenet_input", "resnet50", "imagenet_overhead")
+OPT_IN = {"imagenet": IMAGENET_PARTS}
+KNOWN_MODELS = MODELS + IMAGENET_PARTS
+
+
+# Pixels of the ResNet-50 and overhead cases' images (this CPU trains ResNet-50 at 224 at a
+# few images a second); the input pipeline alone runs at these and at ImageNet's 224.
+IMAGENET_SIZE = 64
+PIPELINE_SIZES = (224, IMAGENET_SIZE)
 
 
 CASE_TIMEOUT_S = 300.0
@@ -44,6 +57,13 @@ SETTINGS = {
                            burst_steps=5),
     "mlp": ModelSettings("bench_mlp", "MLP 3072-256-256-10", batch=256, warmup=20, bursts=8,
                          burst_steps=26),
+    # Long bursts: a pipeline alone fills its prefetch buffers while it waits at the gate.
+    "imagenet_input": ModelSettings("imagenet", "ImageNet input", batch=32, warmup=6,
+                                    bursts=6, burst_steps=24),
+    "resnet50": ModelSettings("resnet50", f"ResNet-50 {IMAGENET_SIZE} px", batch=16, warmup=3,
+                              bursts=6, burst_steps=4),
+    "imagenet_overhead": ModelSettings("bench_trivial", "ImageNet->trivial",
+                                       batch=32, warmup=6, bursts=8, burst_steps=24),
 }
 
 
@@ -52,6 +72,12 @@ QUICK_SETTINGS = {
                            burst_steps=2),
     "mlp": ModelSettings("bench_mlp", "MLP 3072-256-256-10", batch=32, warmup=2, bursts=2,
                          burst_steps=3),
+    "imagenet_input": ModelSettings("imagenet", "ImageNet input", batch=8, warmup=1,
+                                    bursts=2, burst_steps=2),
+    "resnet50": ModelSettings("resnet50", f"ResNet-50 {IMAGENET_SIZE} px", batch=4, warmup=1,
+                              bursts=2, burst_steps=2),
+    "imagenet_overhead": ModelSettings("bench_trivial", "ImageNet->trivial",
+                                       batch=8, warmup=1, bursts=2, burst_steps=2),
 }
 
 
@@ -76,9 +102,12 @@ class Case:
     real_input: bool = False
     tf_defaults: bool = False  # TensorFlow's own environment defaults, not the CLI's (oneDNN)
     compute: str = ""  # a key of COMPUTE_FLAGS: more flags of the project case
+    image_size: int = 0  # the ImageNet bench's pixels (0: another model's)
 
     @property
     def name(self) -> str:
+        if self.driver in PIPELINE_DRIVERS:
+            return f"{PIPELINE_DRIVERS[self.driver]} input alone {self.image_size} px"
         if self.strategy in PROCESS_STRATEGIES:
             return f"{self.driver} {self.strategy} {self.workers} worker(s) x 1 core" + \
                 (f" {self.compute}" if self.compute else "")
@@ -96,6 +125,8 @@ class Case:
         """Cases of a group run interleaved; every target compares two of one group but
         Horovod's (no goal): an idle rank's background loop keeps polling its peer, so each
         Horovod case runs alone."""
+        if self.driver in PIPELINE_DRIVERS:
+            return f"{self.model}:{self.image_size} px"
         if specs.is_horovod(self.strategy):
             return f"{self.model}:{self.name}"
         if self.strategy in PROCESS_STRATEGIES:
@@ -104,8 +135,27 @@ class Case:
         return f"{self.model}:N={self.num_devices} {kind}"
 
 
+# The ImageNet bench's input pipelines alone: driver -> whose pipeline (imagenet_cases.py).
+PIPELINE_DRIVERS = {"input": "project", "r1input": "Model Garden r1"}
+
+
+def imagenet_cases(model: str) -> List[Case]:
+    """The cases of one part of `--models imagenet` (imagenet_cases.py)."""
+    c = lambda driver, strategy="none", n=1, **kw: Case(  # noqa: E731
+        model, driver, strategy, n, image_size=kw.pop("image_size", IMAGENET_SIZE), **kw)
+    if model == "imagenet_input":
+        return [c(driver, image_size=size) for size in PIPELINE_SIZES
+                for driver in PIPELINE_DRIVERS]
+    if model == "resnet50":
+        return [c("project"), c("keras"), c("project", real_input=True),
+                c("project", "mirrored", 2), c("keras", "mirrored", 2)]
+    return [c("project", real_input=True), c("bare", real_input=True)]
+
+
 def cases_for(model: str) -> List[Case]:
     """Every case of one model, compared pairs next to each other."""
+    if model in IMAGENET_PARTS:
+        return imagenet_cases(model)
     c = lambda driver, strategy="none", n=1, **kw: Case(model, driver, strategy, n, **kw)  # noqa: E731
     return [
         c("plain", tf_defaults=True), c("plain"), c("project"), c("keras"),
@@ -144,12 +194,18 @@ QUICK_CASES = {
             "comm multi_worker_mirrored 2 worker(s) x 1 core", "tcp ring 2 worker(s) x 1 core",
             "project horovod 2 worker(s) x 1 core"),
     "cifar": ("keras none N=1",),
+    "imagenet_input": tuple(f"{who} input alone 64 px" for who in PIPELINE_DRIVERS.values()),
+    "resnet50": ("project none N=1", "keras none N=1", "project none N=1 real input",
+                 "project mirrored N=2", "keras mirrored N=2"),
+    "imagenet_overhead": ("project none N=1 real input", "bare none N=1 real input"),
 }
 
 
 # (label, numerator, denominator, kind, goal): kind "min" for a ratio that must reach the goal,
-# "max" for one that must stay under it, "scaling" for numerator / (2 x denominator);
-# goal None: a comparison reported without a goal.
+# "max" for one that must stay under it, "scaling" for numerator / (2 x denominator), "cpu"
+# for examples per CPU-second of the process (numerator / denominator, at least the goal);
+# goal None: a comparison reported without a goal. A target applies to every model that has
+# both cases (resnet50 meets the Keras and real-input targets under their cifar/mlp labels).
 TARGETS = [
     ("project none / plain Estimator, N=1", "project none N=1", "plain none N=1", "min", 0.98),
     ("project mirrored / plain Estimator mirrored, N=2", "project mirrored N=2",
@@ -175,6 +231,11 @@ TARGETS = [
      "project multi_worker_mirrored 2 worker(s) x 1 core", "min", None),
     ("2-rank scaling efficiency (horovod, 1 core each)", "project horovod 2 worker(s) x 1 core",
      "project horovod 1 worker(s) x 1 core", "scaling", None),
+] + [(f"input alone, per CPU-second: project / r1, {size} px",
+       f"project input alone {size} px", f"Model Garden r1 input alone {size} px", "cpu", 1.3)
+      for size in PIPELINE_SIZES] + [
+    ("trivial model: project Estimator / bare tf.data loop", "project none N=1 real input",
+     "bare none N=1 real input", "min", 0.95),
 ] + [target for compressed in ("fp16", "bf16") for target in (
     (f"2-worker scaling, --gradient_compression {compressed}",
      f"project multi_worker_mirrored 2 worker(s) x 1 core {compressed}",
@@ -218,10 +279,15 @@ def options_from_args(args) -> Options:
     return Options(
         output_dir=args.output_dir, quick=quick,
         rounds=1 if args.rounds is None else args.rounds,
-        models=_items("--models", args.models) or MODELS,
+        models=expand_models(_items("--models", args.models)) or MODELS,
         case_timeout=(QUICK_CASE_TIMEOUT_S if quick else CASE_TIMEOUT_S)
         if args.case_timeout is None else args.case_timeout,
         only=_items("--cases", args.cases))
+
+
+def expand_models(models: tuple) -> tuple:
+    """--models with `imagenet` replaced by its parts (each once, in order)."""
+    return tuple(dict.fromkeys(part for m in models for part in OPT_IN.get(m, (m,))))
 
 
 def _items(flag: str, text: str) -> tuple:
@@ -243,15 +309,17 @@ MAX_ROUNDS = 100  # a round of the full bench takes minutes
 OUTPUTS = ("bench.csv", "targets.csv", "bench.json", "bench.png", "work", "logs")
 
 
-WORK_ENTRIES = ("model_dirs", "specs", "cifar10")
+WORK_ENTRIES = ("model_dirs", "specs", "cifar10", "imagenet")
 
 
 def check_options(options: Options):
     if not 1 <= options.rounds <= MAX_ROUNDS:
         raise UserError(f"--rounds {options.rounds}: must be 1-{MAX_ROUNDS}")
-    unknown = [m for m in options.models if m not in MODELS]
+    unknown = [m for m in options.models if m not in KNOWN_MODELS]
     if unknown or not options.models:
-        raise UserError(f"--models {','.join(options.models)}: choose from {', '.join(MODELS)}")
+        raise UserError(f"--models {','.join(unknown or options.models)}: choose from "
+                        f"{', '.join(MODELS + tuple(OPT_IN))} (imagenet: its parts "
+                        f"{', '.join(IMAGENET_PARTS)}, which may be given alone)")
     if not 0 < options.case_timeout < float("inf"):  # NaN fails too
         raise UserError(f"--case_timeout {options.case_timeout}: must be a number of seconds > 0")
     check_output_dir(options.output_dir)
@@ -287,7 +355,7 @@ def selected_cases(options: Options) -> List[Case]:
         cases = [c for c in cases if any(text in c.name for text in options.only)]
         if not cases:
             raise UserError(f"--cases {','.join(options.only)}: matches no case; case names: "
-                            f"{'; '.join(c.name for c in cases_for(MODELS[0]))}")
+                            f"{'; '.join(dict.fromkeys(c.name for m in options.models for c in cases_for(m)))}")
     return cases
 
 

@@ -147,8 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--rounds", type=int, default=None,
                     help="times every case runs, order reversed each round; medians are "
                          "reported (default 1)")
-    bn.add_argument("--models", type=or_leave_out("cifar, mlp or cifar,mlp", "both"),
-                    help="comma-separated: cifar, mlp (default both)")
+    bn.add_argument("--models", type=or_leave_out("cifar, mlp, imagenet or a list of them",
+                                                   "cifar,mlp"),
+                    help="comma-separated: cifar, mlp, imagenet (its parts imagenet_input, "
+                         "resnet50, imagenet_overhead; opt-in) (default cifar,mlp)")
     bn.add_argument("--cases", type=or_leave_out("comma-separated texts of case names",
                                                   "every case"),
                     help="run only the cases whose name contains one of "

@@ -27,6 +27,6 @@ setup(
     python_requires=">=3.9,<3.12",
     packages=find_packages(include=["estimator_dist*", "model_fns*", "input_fns*"]),
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3"]},
+    extras_require={"test": ["pytest>=7", "pytest-timeout>=2.1"]},
     entry_points={"console_scripts": ["estimator-dist=estimator_dist.cli.main:main"]},
 )

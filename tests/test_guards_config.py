@@ -154,7 +154,7 @@ EMPTY_FLAGS = [
     (["report", "--model_dir", "m"], "report", "--output_dir",
      f"give a directory, {LEAVE_OUT} MODEL_DIR/report"),
     (["bench", "--quick"], "bench", "--output_dir", f"give a directory, {LEAVE_OUT} runs/bench"),
-    (["bench", "--quick"], "bench", "--models", f"give cifar, mlp or cifar,mlp, {LEAVE_OUT} both"),
+    (["bench", "--quick"], "bench", "--models", f"give cifar, mlp, imagenet or a list of them, {LEAVE_OUT} cifar,mlp"),
     (["bench", "--quick"], "bench", "--cases",
      f"give comma-separated texts of case names, {LEAVE_OUT} every case"),
 ]

@@ -228,7 +228,7 @@ def _evaluator_outside(data, vertex_cluster_spec: str) -> bool:
     try:
         pools = json.loads(vertex_cluster_spec).get("cluster", {}) if vertex_cluster_spec else {}
     except (ValueError, AttributeError, RecursionError):
-        return False  # not TF_CONFIG: its own flaws are not this run's
+        return False  # a malformed CLUSTER_SPEC tells nothing; TF_CONFIG decides the run
     return isinstance(pools, dict) and bool(pools.get(VERTEX_EVALUATOR_POOL))
 
 

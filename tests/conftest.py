@@ -31,6 +31,17 @@ def run_cli(*args, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def supervise(supervisor) -> int:
+    """Run a launcher.Supervisor from the repository, whose tasks run `python -m
+    estimator_dist` as a user's would: the chief's exit code."""
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        return supervisor.run()
+    finally:
+        os.chdir(cwd)
+
+
 def run_on_a_terminal(args, columns=None, timeout=120):
     """`python -m estimator_dist ARGS` writing to a pseudo-terminal (`columns` wide when given),
     as from a user's shell: (exit code, everything it wrote, as text)."""

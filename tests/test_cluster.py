@@ -15,7 +15,7 @@ import yaml
 
 from estimator_dist.launch import supervisor as launcher
 from estimator_dist.launch import tfjob
-from conftest import run_cli
+from conftest import run_cli, supervise
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ["--model", "digits", "--batch_size", "32", "--seed", "1"]
@@ -109,14 +109,20 @@ def test_parameter_server_two_workers_one_ps_evaluator(tmp_path):
 
 
 def test_async_parameter_server_without_strategy(tmp_path):
+    """No evaluator: the chief evaluates and exports the final checkpoint itself (it ended
+    with `done: step N` and no metrics, and --summary_json had none)."""
     model_dir = str(tmp_path / "run")
     run = Run(["--workers", "2", "--ps", "1", "--strategy", "none", "--train_steps", "40",
-               "--save_checkpoints_steps", "20", "--model_dir", model_dir] + TRAIN)
+               "--save_checkpoints_steps", "20", "--model_dir", model_dir,
+               "--summary_json", str(tmp_path / "summary.json")] + TRAIN)
     assert run.wait() == 0, run.text
     assert checkpoint_steps(model_dir)[-1] >= 40
-    # No evaluator: the chief exports the final checkpoint itself.
     assert final_export(model_dir), run.text
     assert "no evaluator task" in run.text
+    done = next(line for line in run.lines if line.startswith("[chief:0] done: step "))
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["metrics"]["global_step"] == summary["global_step"]
+    assert f"accuracy {summary['metrics']['accuracy']:.4f}" in done, run.text
 
 
 @pytest.mark.parametrize("strategy,ps,expect", [
@@ -142,14 +148,15 @@ def test_killed_worker_is_restarted_and_run_finishes(strategy, ps, expect, tmp_p
 
 
 def test_bad_tf_config_is_one_line_exit_2(tmp_path):
-    env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:1"]},
-                                                  "task": {"type": "worker", "index": 0}})}
+    env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": {"ps": ["127.0.0.1:1"]},
+                                                  "task": {"type": "ps", "index": 0}})}
     proc = subprocess.run([sys.executable, "-m", "estimator_dist", "train", "--strategy",
                            "multi_worker_mirrored", "--model_dir", str(tmp_path / "r")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("estimator-dist: error: TF_CONFIG cluster chief count 0: must be "
-                                   "exactly 1 (a 'chief' or 'master' list with one address) "
+                                   "exactly 1 (a 'chief' or 'master' list with one address), or 0 "
+                                   "beside 'worker' tasks (worker 0 is then the chief) "
                                    "(TF_CONFIG environment variable)")
     assert not (tmp_path / "r").exists()
 
@@ -183,6 +190,12 @@ def test_launcher_rejects_bad_shapes():
      "--early_stop loss: in a cluster only the evaluator task evaluates during training, and "
      "there is none; add --evaluator"),
     ("tfjob", ["--workers", "2", "--export", "best"], "--export best: in a cluster only the"),
+    # Alone in its cluster it runs as one process, with no server: the launcher waited for
+    # its port (exit 3).
+    ("cluster", ["--workers", "1", "--strategy", "mirrored"],
+     "--strategy mirrored runs in one process, and `cluster` starts TF_CONFIG tasks; run "
+     "'estimator-dist train --strategy mirrored', or use multi_worker_mirrored, parameter_server "
+     "(or none with --ps for async between-graph training)"),
     ("cluster", ["--workers", "2", "--startup_timeout", "nan"],
      "--startup_timeout nan: must be a number of seconds > 0"),
     ("cluster", ["--workers", "40", "--batch_size", "80"],
@@ -277,12 +290,7 @@ def test_tfjob_manifest_replicas_run_with_operator_tf_config(tmp_path):
     lines = []
     supervisor = launcher.Supervisor(tasks, whole_restart=False, max_restarts=0,
                                      startup_timeout=120, emit=lines.append)
-    cwd = os.getcwd()
-    os.chdir(REPO)
-    try:
-        assert supervisor.run() == 0, "\n".join(lines)
-    finally:
-        os.chdir(cwd)
+    assert supervise(supervisor) == 0, "\n".join(lines)
     assert checkpoint_steps(model_dir)[-1] >= 30 and final_export(model_dir), "\n".join(lines)
 
 

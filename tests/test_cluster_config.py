@@ -28,7 +28,7 @@ def error(text, strategy="parameter_server"):
     (tf_config(task_type="boss"), "TF_CONFIG task type 'boss': is not one of chief, worker, ps, evaluator (or 'master')"),
     (tf_config(index=3), "TF_CONFIG task index 3 for type 'worker': is out of range: the cluster has 1 worker task(s)"),
     (tf_config(index=-1), "TF_CONFIG task index -1: must be a whole number >= 0"),
-    (tf_config({"worker": ["h:1"], "ps": ["h:2"]}), "TF_CONFIG cluster chief count 0: must be exactly 1"),
+    (tf_config({"ps": ["h:2"]}, "ps"), "TF_CONFIG cluster chief count 0: must be exactly 1"),
     (tf_config({"chief": ["h:1", "h:2"], "ps": ["h:3"]}, "chief"), "TF_CONFIG cluster chief count 2: must be exactly 1"),
     (tf_config({"chief": ["h:1"], "master": ["h:2"]}, "chief"), "TF_CONFIG cluster"),
     (tf_config({**CL, "evaluator": ["h:9"]}, "evaluator", 1), "TF_CONFIG evaluator index 1: must be 0"),

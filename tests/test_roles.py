@@ -46,7 +46,7 @@ EXPECTED = {
     "local": ("local", T, T, T, T, F, roles.TRAIN_AND_EVALUATE, T, F, T),
     "mwms chief": ("chief", T, T, T, F, F, roles.TRAIN_AND_EVALUATE, T, T, F),
     "mwms worker": ("worker", F, F, F, F, F, roles.TRAIN_AND_EVALUATE, T, T, F),
-    "ps chief, no evaluator": ("chief", T, T, F, T, T, roles.TRAIN_AND_EVALUATE, T, F, F),
+    "ps chief, no evaluator": ("chief", T, T, T, T, T, roles.TRAIN_AND_EVALUATE, T, F, F),
     "ps worker": ("worker", F, F, F, F, F, roles.TRAIN_AND_EVALUATE, F, F, F),
     "ps task": ("ps", F, F, F, F, F, roles.SERVE, F, F, F),
     "evaluator": ("evaluator", F, T, T, T, F, roles.EVALUATE_LOOP, F, F, F),

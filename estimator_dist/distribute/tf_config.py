@@ -5,6 +5,15 @@ evaluator is not a training task: it is removed from the cluster that training
 tasks hand to TensorFlow (MultiWorkerMirroredStrategy would otherwise count it),
 and the evaluator itself runs without a strategy. Kubeflow's TFJob operator puts
 every replica type, the evaluator included, into `cluster`; both forms work.
+
+The platforms' layouts become one normalised ClusterSpec here (docs/cluster.md):
+- workers only, no chief (SageMaker's MultiWorkerMirrored, TensorFlow's MWMS tutorial):
+  worker 0 is the chief, as TensorFlow treats it;
+- `master` beside ps tasks (SageMaker's parameter servers, started by its toolkit from
+  the same cluster): TensorFlow keeps the name `master` (chief_name), which those
+  servers know; elsewhere `master` becomes `chief`;
+- an evaluator outside `cluster` (AI Platform and Vertex AI never list it): the
+  platform's job description says it exists (evaluator_outside).
 """
 import errno
 import json
@@ -17,6 +26,10 @@ from estimator_dist.distribute import specs
 from estimator_dist.errors import UserError
 
 TF_CONFIG = "TF_CONFIG"
+# Vertex AI's worker pools by position (workerpool0 chief, 1 workers, 2 ps, 3 evaluators),
+# in every replica's CLUSTER_SPEC, which lists all four.
+VERTEX_CLUSTER_SPEC = "CLUSTER_SPEC"
+VERTEX_EVALUATOR_POOL = "workerpool3"
 ROLES = ("chief", "worker", "ps", "evaluator")
 CLUSTER_STRATEGIES = specs.tf_config_strategies()
 NOTE = " (TF_CONFIG environment variable)"
@@ -31,6 +44,11 @@ class ClusterSpec:
     task_type: str
     task_index: int
     extra: Mapping[str, object] = field(default_factory=dict)
+    # The chief's job name in TensorFlow's servers: "master" when TF_CONFIG names it so
+    # beside ps tasks, which may be servers started outside from the same TF_CONFIG.
+    chief_name: str = "chief"
+    # An evaluator task that `cluster` does not list (AI Platform, Vertex AI).
+    evaluator_outside: bool = False
 
     @property
     def num_workers(self) -> int:
@@ -51,17 +69,32 @@ class ClusterSpec:
 
     @property
     def has_evaluator(self) -> bool:
-        return bool(self.cluster.get("evaluator"))
+        return bool(self.cluster.get("evaluator")) or self.evaluator_outside
 
     @property
     def is_distributed(self) -> bool:
         return self.num_workers > 1 or self.num_ps > 0
 
+    @property
+    def trains_alone(self) -> bool:
+        """One training task and no ps: a one-machine job (Vertex AI and AI Platform set
+        TF_CONFIG for those too)."""
+        return not self.is_distributed
+
+    @property
+    def chief_evaluates(self) -> bool:
+        """Estimator's `master` evaluates every checkpoint and runs the exporters itself
+        (its legacy layout; it has no evaluator task)."""
+        return self.chief_name == "master"
+
     def for_tensorflow(self) -> Dict[str, object]:
         """The TF_CONFIG TensorFlow should see for this task."""
-        cluster = {k: list(v) for k, v in self.cluster.items() if k != "evaluator"}
+        def name(task_type):
+            return self.chief_name if task_type == "chief" else task_type
+
+        cluster = {name(k): list(v) for k, v in self.cluster.items() if k != "evaluator"}
         return {**self.extra, "cluster": cluster,
-                "task": {"type": self.task_type, "index": self.task_index}}
+                "task": {"type": name(self.task_type), "index": self.task_index}}
 
 
 def _fail(field_name, value, allowed):
@@ -102,8 +135,11 @@ def _check_address(task_type: str, address: str):
               "must be 'host:port' with a host and a port of 1-65535, e.g. '10.0.0.2:2222'")
 
 
-def parse(text: str) -> ClusterSpec:
-    """Parse and check a TF_CONFIG JSON string; raise UserError naming the field."""
+def parse(text: str, vertex_cluster_spec: str = "") -> ClusterSpec:
+    """Parse and check a TF_CONFIG JSON string; raise UserError naming the field.
+
+    vertex_cluster_spec: Vertex AI's CLUSTER_SPEC (it lists the evaluator pool), if set.
+    """
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -125,23 +161,75 @@ def parse(text: str) -> ClusterSpec:
     index = task.get("index", 0)
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:
         _fail("task index", index, "must be a whole number >= 0")
-    chiefs = len(cluster.get("chief", ()))
-    if chiefs != 1:
-        _fail("cluster chief count", chiefs, "must be exactly 1 (a 'chief' or 'master' list with "
-                                             "one address)")
-    if task_type == "evaluator" and index != 0:
-        _fail("evaluator index", index, "must be 0: there is one evaluator")
-    if len(cluster.get("evaluator", ())) > 1:
-        _fail("cluster evaluator count", len(cluster["evaluator"]), "must be at most 1")
     in_cluster = len(cluster.get(task_type, ()))
     if task_type != "evaluator" and index >= in_cluster:
         _fail(f"task index {index} for type", task_type,
               f"is out of range: the cluster has {in_cluster} {task_type} task(s)")
+    cluster, task_type, index = _chief_from_workers(cluster, task_type, index)
+    chiefs = len(cluster.get("chief", ()))
+    if chiefs != 1:
+        _fail("cluster chief count", chiefs, "must be exactly 1 (a 'chief' or 'master' list with "
+                                             "one address), or 0 beside 'worker' tasks (worker 0 "
+                                             "is then the chief)")
+    if task_type == "evaluator" and index != 0:
+        _fail("evaluator index", index, "must be 0: there is one evaluator")
+    if len(cluster.get("evaluator", ())) > 1:
+        _fail("cluster evaluator count", len(cluster["evaluator"]), "must be at most 1")
     extra = {k: v for k, v in data.items() if k not in ("cluster", "task")}
     if extra.get("rpc_layer", "grpc") not in RPC_LAYERS:
         _fail("rpc_layer", extra["rpc_layer"], f"must be one of {', '.join(RPC_LAYERS)} (the "
                                                f"only one TensorFlow 2.15 has), or left out")
-    return ClusterSpec(cluster=cluster, task_type=task_type, task_index=index, extra=extra)
+    outside = not cluster.get("evaluator") and _evaluator_outside(data, vertex_cluster_spec)
+    named_master = "master" in data["cluster"]
+    return ClusterSpec(cluster=cluster, task_type=task_type, task_index=index, extra=extra,
+                       chief_name=_chief_name(named_master, cluster, outside),
+                       evaluator_outside=outside)
+
+
+def _chief_from_workers(cluster, task_type: str, index: int):
+    """Workers only, no chief (SageMaker's MultiWorkerMirrored, TensorFlow's MWMS tutorial):
+    worker 0 is the chief, as TensorFlow's MultiWorkerMirroredStrategy treats it. Every task
+    renames it alike, so TensorFlow sees one consistent chief + workers cluster (Estimator
+    needs a chief)."""
+    if cluster.get("chief") or not cluster.get("worker"):
+        return cluster, task_type, index
+    workers = cluster["worker"]
+    renamed = {k: v for k, v in cluster.items() if k != "worker"}
+    renamed["chief"] = workers[:1]
+    if workers[1:]:
+        renamed["worker"] = workers[1:]
+    if task_type == "worker":
+        task_type, index = ("chief", 0) if index == 0 else ("worker", index - 1)
+    return renamed, task_type, index
+
+
+def _chief_name(named_master: bool, cluster, evaluator: bool) -> str:
+    """The chief's job name for TensorFlow. SageMaker's toolkit starts the ps servers itself
+    from a cluster that says `master`: renamed, the chief was unknown to them ("No worker
+    known as /job:chief" at step 1). Estimator keeps `master` (its legacy layout, whose
+    master evaluates; it takes no evaluator task, so with one the chief is `chief`)."""
+    if named_master and cluster.get("ps") and not evaluator and not cluster.get("evaluator"):
+        return "master"
+    return "chief"
+
+
+def _evaluator_outside(data, vertex_cluster_spec: str) -> bool:
+    """Whether an evaluator task exists that `cluster` does not list: AI Platform's TF_CONFIG
+    "job" is the job's TrainingInput (its fields by their proto names, as `scale_tier`,
+    `package_uris`), whose `evaluator_count` counts them; Vertex AI's CLUSTER_SPEC lists
+    every worker pool, the fourth (`workerpool3`) the evaluators."""
+    job = data.get("job")
+    if isinstance(job, dict):
+        count = job.get("evaluator_count", 0)
+        if isinstance(count, str) and count.isdigit():
+            count = int(count)
+        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            return True
+    try:
+        pools = json.loads(vertex_cluster_spec).get("cluster", {}) if vertex_cluster_spec else {}
+    except (ValueError, AttributeError, RecursionError):
+        return False  # a malformed CLUSTER_SPEC tells nothing; TF_CONFIG decides the run
+    return isinstance(pools, dict) and bool(pools.get(VERTEX_EVALUATOR_POOL))
 
 
 def check_strategy(spec: ClusterSpec, strategy: str, flags: bool = False):
@@ -159,6 +247,12 @@ def check_strategy(spec: ClusterSpec, strategy: str, flags: bool = False):
     shape = (f"--workers {spec.num_workers} and --ps {spec.num_ps} make a cluster" if flags
              else f"TF_CONFIG describes a cluster of {spec.num_workers} worker(s) and "
                   f"{spec.num_ps} ps")
+    if strategy == "parameter_server" and spec.chief_name == "master":
+        raise UserError("--strategy parameter_server: TF_CONFIG names the chief 'master' beside "
+                        "ps tasks (SageMaker's parameter-server layout: its ps servers, started "
+                        "from that cluster, know the chief by that name), and TensorFlow's "
+                        "ParameterServerStrategy takes only 'chief'; use --strategy none "
+                        "(Estimator's own asynchronous training on these ps tasks)")
     if strategy == "parameter_server" and not spec.num_ps:
         raise UserError(f"--strategy parameter_server needs ps tasks, but {has}; {add_ps} or use "
                         f"--strategy multi_worker_mirrored")
@@ -184,7 +278,7 @@ def from_env(strategy: str, environ=os.environ) -> Optional[ClusterSpec]:
             raise UserError(f"--strategy {strategy} needs TF_CONFIG describing the cluster; start "
                             f"the tasks with 'estimator-dist cluster' (or a TFJob) or set it")
         return None
-    spec = parse(text)
+    spec = parse(text, environ.get(VERTEX_CLUSTER_SPEC, ""))
     check_strategy(spec, strategy)
     return spec
 
@@ -209,9 +303,14 @@ def check_own_port(spec: ClusterSpec):
                             f"task a free port in TF_CONFIG's cluster") from None
 
 
-def apply(spec: ClusterSpec, environ=os.environ):
-    """Hand TensorFlow the normalised TF_CONFIG (chief for master, no evaluator)."""
-    environ[TF_CONFIG] = json.dumps(spec.for_tensorflow())
+def apply(spec: Optional[ClusterSpec], environ=os.environ):
+    """Hand TensorFlow the normalised TF_CONFIG (chief for master, no evaluator); None: no
+    cluster, TensorFlow runs this process alone (a platform's TF_CONFIG for one machine made
+    MirroredStrategy assert, CentralStorage fail, OneDevice place ops on /job:chief)."""
+    if spec is None:
+        environ.pop(TF_CONFIG, None)
+    else:
+        environ[TF_CONFIG] = json.dumps(spec.for_tensorflow())
 
 
 class local_only:  # noqa: N801 - a context manager that reads like a function

@@ -195,6 +195,13 @@ def export_stopped(checkpoint) -> Preempted:
                      f"{retry('to export it')}")
 
 
+def final_evaluation_stopped(checkpoint) -> Preempted:
+    """SIGTERM while a cluster's chief (no evaluator task) evaluated the final checkpoint."""
+    return Preempted(f"SIGTERM during the chief's evaluation of the final checkpoint: stopped "
+                     f"it; training is done, {where_to_resume(checkpoint)}; "
+                     f"{retry('to evaluate and export it')}")
+
+
 def command_stopped(command: str) -> Preempted:
     """SIGTERM to evaluate, export, predict, report or tfjob."""
     return Preempted(f"SIGTERM: '{command}' stopped; anything it was writing was removed; "

@@ -89,6 +89,7 @@ def launch(train_args: List[str], workers: int, ps: int, evaluator: bool, max_re
     """
     strategy = _strategy_in(train_args)
     check_shape(workers, ps, strategy)
+    check_launchable(strategy, ps)
     check_restarts(max_restarts, startup_timeout)
     tasks = workers + ps + int(evaluator)
     if tasks > MAX_LOCAL_TASKS:
@@ -114,6 +115,18 @@ def launch(train_args: List[str], workers: int, ps: int, evaluator: bool, max_re
                             emit=emit, relaunch=fresh)
     install_signal_handlers()
     return supervisor.run()
+
+
+def check_launchable(strategy: str, ps: int):
+    """A one-machine strategy alone in its cluster runs as one process, with no server: the
+    launcher would wait for its port (`--workers 1 --strategy mirrored` ended in exit 3)."""
+    if specs.spans_tf_config(strategy) or specs.is_horovod(strategy) or \
+            (strategy == "none" and ps):
+        return
+    raise UserError(f"--strategy {strategy} runs in one process, and `cluster` starts TF_CONFIG "
+                    f"tasks; run 'estimator-dist train --strategy {strategy}', or use "
+                    f"{', '.join(specs.tf_config_strategies())} (or none with --ps for async "
+                    f"between-graph training)")
 
 
 def check_restarts(max_restarts: int, startup_timeout: float):

@@ -6,7 +6,8 @@ evaluate, export, write --summary_json, build a strategy, how it runs and how it
 on SIGTERM/SIGINT) is answered by its Role, and no other module reads task types or
 Horovod ranks. The kinds:
 
-  local      one process: trains, evaluates, exports, owns model_dir
+  local      one process: trains, evaluates, exports, owns model_dir (also the one task of
+             a TF_CONFIG cluster running a one-machine strategy: Vertex AI's one replica)
   chief      a TF_CONFIG cluster's chief, or Horovod's rank 0 (it owns model_dir)
   worker     a cluster's other training task, or a Horovod rank > 0 (a scratch dir)
   ps         a parameter server (Estimator runs its server until the run ends)
@@ -25,7 +26,8 @@ LOCAL, CHIEF, WORKER, PS, EVALUATOR = "local", "chief", "worker", "ps", "evaluat
 # How a run drives Estimator (Role.run).
 TRAIN_AND_EVALUATE = "train_and_evaluate"  # tf.estimator.train_and_evaluate
 SERVE = "serve"  # a ps: train_and_evaluate runs its server (server.join) until the run ends
-TRAIN_ONLY = "train_only"  # Estimator.train: a Horovod rank > 0 (rank 0 evaluates)
+TRAIN_ONLY = "train_only"  # Estimator.train: a Horovod rank > 0 (rank 0 evaluates), or a
+# chief training alone on one machine beside an evaluator task (which evaluates)
 EVALUATE_LOOP = "evaluate_loop"  # the evaluator task (evaluator.py)
 
 
@@ -76,6 +78,9 @@ class Role:
     @classmethod
     def of(cls, strategy: str, cluster: Optional[ClusterSpec] = None, ranks=None) -> "Role":
         """The role of a process running `strategy` with this TF_CONFIG or these ranks."""
+        if cluster and cluster.is_chief and cluster.trains_alone and \
+                not spec(strategy).needs_tf_config and not cluster.has_evaluator:
+            return cls.local(strategy)  # a one-machine job's TF_CONFIG: nothing else runs
         if cluster:
             kind = cluster.task_type
         elif ranks is not None and ranks.size > 1:
@@ -99,6 +104,19 @@ class Role:
         return self.ranks is not None
 
     @property
+    def trains_alone(self) -> bool:
+        """A cluster's only training task on a one-machine strategy, beside an evaluator
+        task: TensorFlow sees no cluster (its one-machine strategies took TF_CONFIG for a
+        multi-worker cluster and failed); it trains, the evaluator evaluates and exports."""
+        return (self.kind == CHIEF and self.in_cluster and self.cluster.trains_alone
+                and not self.strategy.needs_tf_config)
+
+    @property
+    def tensorflow_cluster(self) -> Optional[ClusterSpec]:
+        """The TF_CONFIG cluster TensorFlow is handed; None: it runs this process alone."""
+        return None if self.trains_alone else self.cluster
+
+    @property
     def horovod_follower(self) -> bool:
         """A Horovod rank > 0: trains in a scratch dir, gets every variable from rank 0."""
         return self.horovod and not self.ranks.is_root
@@ -106,7 +124,7 @@ class Role:
     @property
     def trains_in_a_group(self) -> bool:
         """A chief or worker: its steps wait for peers (a deadline bounds its SIGTERM)."""
-        return self.kind in (CHIEF, WORKER)
+        return self.kind in (CHIEF, WORKER) and not self.trains_alone
 
     @property
     def index(self) -> int:
@@ -134,11 +152,10 @@ class Role:
 
     @property
     def evaluates(self) -> bool:
-        """It evaluates (local, the evaluator, Horovod's rank 0), or it is the chief of a
-        cluster whose evaluator does: a run it would fail is refused by the chief first."""
-        if self.kind == CHIEF:
-            return self.horovod or self.cluster.has_evaluator
-        return self.kind in (LOCAL, EVALUATOR)
+        """It evaluates (local, the evaluator, Horovod's rank 0, a chief with no evaluator
+        task), or it is the chief of a cluster whose evaluator does: a run it would fail is
+        refused by the chief first."""
+        return self.kind in (LOCAL, CHIEF, EVALUATOR)
 
     @property
     def writes_summary(self) -> bool:
@@ -148,8 +165,18 @@ class Role:
         return self.kind == CHIEF and (self.cluster is None or not self.cluster.has_evaluator)
 
     @property
+    def evaluates_final_itself(self) -> bool:
+        """A cluster's chief with no evaluator task: nothing evaluated while it trained, so it
+        evaluates the final checkpoint (the run ended with no metrics). Estimator's `master`
+        evaluated every checkpoint already."""
+        return (self.kind == CHIEF and self.in_cluster and not self.cluster.has_evaluator
+                and not self.cluster.chief_evaluates)
+
+    @property
     def exports_final_itself(self) -> bool:
-        """A cluster's chief with no evaluator task: nobody runs the exporters, it exports."""
+        """A cluster's chief with no evaluator task exports the final checkpoint once, when
+        training ends (no evaluator runs the exporters; Estimator's `master` ran its final
+        exporter at two steps of an asynchronous run)."""
         return self.kind == CHIEF and self.in_cluster and not self.cluster.has_evaluator
 
     @property
@@ -164,8 +191,10 @@ class Role:
 
     @property
     def metrics_from_eval_dir(self) -> bool:
-        """Its result is the last evaluation's event file (the evaluator's loop returns none)."""
-        return self.kind == EVALUATOR
+        """Its result is the last evaluation's event file (the evaluator's loop, Estimator's
+        `master`, return none)."""
+        return self.kind == EVALUATOR or (
+            self.kind == CHIEF and self.in_cluster and self.cluster.chief_evaluates)
 
     @property
     def evaluated_elsewhere(self) -> bool:
@@ -190,7 +219,7 @@ class Role:
     def run(self) -> str:
         if self.kind == EVALUATOR:
             return EVALUATE_LOOP
-        if self.horovod_follower:
+        if self.horovod_follower or self.trains_alone:
             return TRAIN_ONLY
         if self.kind == PS:
             return SERVE

@@ -43,8 +43,11 @@ def build_specs(p: Plan, hooks):
         make_input_fn(p, tf.estimator.ModeKeys.TRAIN), max_steps=t.train_steps, hooks=hooks)
     eval_spec = tf.estimator.EvalSpec(
         make_input_fn(p, tf.estimator.ModeKeys.EVAL), steps=t.eval_steps or None,
+        # A chief that exports the final checkpoint itself runs no FinalExporter: Estimator's
+        # `master` ran it twice in an asynchronous run (at steps 30 and 31 of 30).
         exporters=export_lib.make_exporters(
-            t.export, p.input_meta["serving_features"], t.keep_checkpoint_max, t.best_metric,
+            "none" if t.export == "final" and p.role.exports_final_itself else t.export,
+            p.input_meta["serving_features"], t.keep_checkpoint_max, t.best_metric,
             config_lib.higher_is_better(t.best_metric, t.higher_is_better)),
         start_delay_secs=0, throttle_secs=t.eval_every_secs)
     return train_spec, eval_spec
@@ -100,6 +103,19 @@ def export_from_chief(p: Plan) -> Optional[str]:
         estimator = single_device_estimator(p)
     return export_lib.export_saved_model(estimator, p.input_meta["serving_features"], base,
                                          latest)
+
+
+def evaluate_final_checkpoint(p: Plan, eval_spec) -> Dict[str, Any]:
+    """A cluster's chief with no evaluator task: nothing evaluated while the cluster trained,
+    so it evaluates the final checkpoint on one device, for its result line and summary."""
+    latest = tf.train.latest_checkpoint(p.model_dir)
+    if latest is None:  # evaluate() would use random initial weights, silently
+        return {}
+    with cluster_lib.local_only():
+        estimator = single_device_estimator(p)
+    with preemption.stop_on_sigterm(lambda: preemption.final_evaluation_stopped(latest)):
+        return estimator.evaluate(eval_spec.input_fn, steps=eval_spec.steps,
+                                  checkpoint_path=latest)
 
 
 def rotated_away(error: Exception) -> bool:
@@ -193,9 +209,9 @@ def train(config: config_lib.Config, out=print, extra_hooks=()) -> Dict[str, Any
 
 def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
     config = p.config
-    if p.role.in_cluster:
-        cluster_lib.check_own_port(p.role.cluster)
-        cluster_lib.apply(p.role.cluster)
+    if p.role.tensorflow_cluster:
+        cluster_lib.check_own_port(p.role.tensorflow_cluster)
+    cluster_lib.apply(p.role.tensorflow_cluster)
     say = out if p.role.speaks else silent
     say(describe(p))
     if p.input_meta.get("plain_features"):
@@ -323,6 +339,8 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say,
         # Already at --train_steps: Estimator skipped training, and with it the
         # evaluation that follows a checkpoint; evaluate the final one here.
         result = (estimator.evaluate(eval_spec.input_fn, steps=eval_spec.steps), None)
+    if p.role.evaluates_final_itself:
+        result = (evaluate_final_checkpoint(p, eval_spec), None)
     metrics = {k: plain(v) for k, v in (result[0] if result else {}).items()}
     if p.role.metrics_from_eval_dir:
         metrics = final_eval_metrics(p.model_dir)

@@ -3,7 +3,6 @@ import ast
 import functools
 import inspect
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -22,40 +21,8 @@ from estimator_dist.training.registry import MODELS  # noqa: E402
 
 user_code.load_builtins()
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_cli(*args, timeout=300):
-    """`python -m estimator_dist ARGS` in a fresh process, as a user runs it: the finished process."""
-    return subprocess.run([sys.executable, "-m", "estimator_dist", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def run_on_a_terminal(args, columns=None, timeout=120):
-    """`python -m estimator_dist ARGS` writing to a pseudo-terminal (`columns` wide when given),
-    as from a user's shell: (exit code, everything it wrote, as text)."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    if columns:
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "estimator_dist", *args], stdout=slave,
-                            stderr=slave, cwd=REPO)
-    os.close(slave)
-    output = b""
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        output += chunk
-    os.close(master)
-    return proc.wait(timeout), output.decode()
+# Long-standing names of this module, now in support.py (import them from there in new tests).
+from support import REPO, run_cli, run_on_a_terminal  # noqa: E402,F401
 
 
 def make_config(model="digits", overrides=(), **flags):

@@ -1,13 +1,10 @@
 """Cluster runs with real processes on 127.0.0.1: MWMS, parameter server, async PS,
 a killed worker, TF_CONFIG errors, and a Kubeflow TFJob's replicas."""
-import glob
 import json
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -15,71 +12,8 @@ import yaml
 
 from estimator_dist.launch import supervisor as launcher
 from estimator_dist.launch import tfjob
-from conftest import run_cli
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = ["--model", "digits", "--batch_size", "32", "--seed", "1"]
-
-
-class Run:
-    """`estimator-dist cluster ...` as a subprocess whose output is collected as it comes."""
-
-    def __init__(self, args, timeout=300, cwd=REPO):
-        self.proc = subprocess.Popen([sys.executable, "-m", "estimator_dist", "cluster"] + args,
-                                     cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
-        self.lines = []
-        self.timeout = timeout
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def pid_of(self, task):
-        """The PID of the task's latest start."""
-        pid = None
-        for line in list(self.lines):
-            m = re.match(rf"\[launcher\] started {re.escape(task)} pid (\d+)", line)
-            if m:
-                pid = int(m.group(1))
-        return pid
-
-    def wait(self):
-        try:
-            code = self.proc.wait(self.timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(30)
-            raise AssertionError("cluster run timed out:\n" + "\n".join(self.lines[-40:]))
-        self._reader.join(5)
-        return code
-
-    @property
-    def text(self):
-        return "\n".join(self.lines)
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def final_export(model_dir):
-    return glob.glob(os.path.join(model_dir, "export", "*", "*", "saved_model.pb"))
-
-
-def checkpoint_steps(model_dir):
-    return sorted(int(m) for m in re.findall(r"model\.ckpt-(\d+)\.index",
-                                              " ".join(os.listdir(model_dir))))
+from support import (REPO, TRAIN, Run, alive, checkpoint_steps, cli_argv, final_export, run_cli,
+                     wait_for)
 
 
 def test_multi_worker_mirrored_two_workers_and_evaluator(tmp_path):
@@ -144,9 +78,8 @@ def test_killed_worker_is_restarted_and_run_finishes(strategy, ps, expect, tmp_p
 def test_bad_tf_config_is_one_line_exit_2(tmp_path):
     env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:1"]},
                                                   "task": {"type": "worker", "index": 0}})}
-    proc = subprocess.run([sys.executable, "-m", "estimator_dist", "train", "--strategy",
-                           "multi_worker_mirrored", "--model_dir", str(tmp_path / "r")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = run_cli("train", "--strategy", "multi_worker_mirrored", "--model_dir",
+                   tmp_path / "r", env=env, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("estimator-dist: error: TF_CONFIG cluster chief count 0: must be "
                                    "exactly 1 (a 'chief' or 'master' list with one address) "
@@ -155,9 +88,7 @@ def test_bad_tf_config_is_one_line_exit_2(tmp_path):
 
 
 def test_launcher_rejects_bad_shapes():
-    proc = subprocess.run([sys.executable, "-m", "estimator_dist", "cluster", "--workers", "2",
-                           "--strategy", "parameter_server"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = run_cli("cluster", "--workers", "2", "--strategy", "parameter_server", timeout=120)
     assert proc.returncode == 2
     assert proc.stderr == ("estimator-dist: error: --strategy parameter_server needs ps tasks, but "
                            "--ps is 0; add --ps 1 (or more) or use --strategy "
@@ -210,9 +141,7 @@ def test_cluster_and_tfjob_check_the_train_flags_before_launching_or_writing(
         command, flags, message, tmp_path):
     out = tmp_path / "job.yaml"
     extra = ["--image", "img:1", "--output", str(out)] if command == "tfjob" else []
-    proc = subprocess.run([sys.executable, "-m", "estimator_dist", command] + extra + flags +
-                          ["--model_dir", str(tmp_path / "run")], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = run_cli(command, *extra, *flags, "--model_dir", tmp_path / "run", timeout=120)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout  # no task was started
     assert proc.stderr.startswith(f"estimator-dist: error: {message}"), proc.stderr
     assert proc.stderr.count("\n") == 1
@@ -246,13 +175,11 @@ def test_tfjob_manifest_replicas_run_with_operator_tf_config(tmp_path):
     model_dir = str(tmp_path / "run")
     out = tmp_path / "job.yaml"
     # The replicas share model_dir through the claim, mounted here at tmp_path.
-    code = subprocess.run([sys.executable, "-m", "estimator_dist", "tfjob", "--image",
-                           "registry.example/estimator-dist:1", "--name", "digits-ps",
-                           "--pvc", "claim", "--mount_path", str(tmp_path),
-                           "--workers", "2", "--ps", "1", "--evaluator", "--output", str(out),
-                           "--strategy", "parameter_server", "--train_steps", "30",
-                           "--save_checkpoints_steps", "15", "--model_dir", model_dir] + TRAIN,
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    code = run_cli("tfjob", "--image", "registry.example/estimator-dist:1", "--name", "digits-ps",
+                   "--pvc", "claim", "--mount_path", tmp_path, "--workers", "2", "--ps", "1",
+                   "--evaluator", "--output", out, "--strategy", "parameter_server",
+                   "--train_steps", "30", "--save_checkpoints_steps", "15", "--model_dir",
+                   model_dir, *TRAIN, timeout=120)
     assert code.returncode == 0, code.stderr
     job = yaml.safe_load(out.read_text())
     assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "TFJob"
@@ -272,7 +199,7 @@ def test_tfjob_manifest_replicas_run_with_operator_tf_config(tmp_path):
         rtype, index = name.split(":")
         rkey = next(k for k in specs if k.lower() == rtype)
         command = specs[rkey]["template"]["spec"]["containers"][0]["command"]
-        argv = [sys.executable, "-m", "estimator_dist"] + command[1:]
+        argv = cli_argv(*command[1:])
         tasks.append(launcher.Task(name, argv, operator_tf_config(job, rkey, int(index), hosts), port))
     lines = []
     supervisor = launcher.Supervisor(tasks, whole_restart=False, max_restarts=0,
@@ -325,8 +252,7 @@ def test_a_one_replica_tfjob_runs_without_tf_config(tmp_path):
     assert {k: v["replicas"] for k, v in specs.items()} == {"Chief": 1}
     command = specs["Chief"]["template"]["spec"]["containers"][0]["command"]
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}  # as the operator runs it
-    pod = subprocess.run([sys.executable, "-m", "estimator_dist"] + command[1:], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
+    pod = run_cli(*command[1:], env=env)
     assert pod.returncode == 0, pod.stderr
     assert checkpoint_steps(model_dir)[-1] == 10 and final_export(model_dir)
 
@@ -434,21 +360,6 @@ def test_task_that_never_listens_hits_the_startup_deadline():
     assert any("chief:0 did not start listening on 127.0.0.1:" in line and "within 2 s" in line
                for line in lines), lines
     assert tasks[0].process.poll() is not None  # stopped, not orphaned
-
-
-def wait_for(run, pattern, start=0, seconds=180):
-    """(the first match of `pattern` in the run's lines from line `start` on, the index of
-    its line), waiting for it."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        for i, line in enumerate(list(run.lines)[start:], start):
-            m = re.search(pattern, line)
-            if m:
-                return m, i
-        if run.proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    raise AssertionError(f"no line matching {pattern!r}:\n" + run.text)
 
 
 def preempt_and_resume(run, task, model_dir):

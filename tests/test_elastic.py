@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from conftest import run_cli
-from test_cluster import REPO, Run
+from support import REPO, Run
 
 # SGD, an MLP without dropout or batch norm, a constant learning rate: the same examples
 # in the same steps give the same weights.

@@ -15,7 +15,7 @@ import yaml
 from estimator_dist.cli.main import main
 from estimator_dist.errors import UserError
 from estimator_dist.launch import elastic, tfjob
-from test_cluster import REPO, Run, alive, wait_for
+from support import REPO, Run, alive, wait_for
 from test_elastic import TOLERANCE, max_abs_difference, step_of
 
 # A TF1 model_fn as users write it, with its own train_op; every step also sleeps 0.1 s so

@@ -27,23 +27,21 @@ from estimator_dist import files
 from estimator_dist.guards import training_guard as guards
 from estimator_dist.guards import memory
 from estimator_dist.cli.main import main
+from support import REPO, TESTS, cli_argv, environment as child_environment, latest_step
 from estimator_dist.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_STORAGE,
                                    EXIT_USER, OutOfMemory, Preempted, StorageError, UserError)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.join(REPO, "tests")
 TIMEOUT = 120
 SECRET = "guard-secret-value-8d1f"
 
 
 def train_argv(model_dir, *extra):
-    return [sys.executable, "-m", "estimator_dist", "train", "--import", "guard_models",
-            "--model", "guard_mlp", "--model_dir", str(model_dir), *map(str, extra)]
+    return cli_argv("train", "--import", "guard_models", "--model", "guard_mlp", "--model_dir",
+                    model_dir, *extra)
 
 
 def environment():
-    return {**os.environ, "PYTHONPATH": TESTS, "PYTHONUNBUFFERED": "1",
-            "ESTIMATOR_DIST_TEST_SECRET": SECRET}
+    return child_environment(TESTS, ESTIMATOR_DIST_TEST_SECRET=SECRET)
 
 
 def run(argv, preexec_fn=None):
@@ -96,10 +94,6 @@ def signal_when(argv, ready, what: str, sig=signal.SIGTERM):
 
 def has_temp_export(base) -> bool:
     return base.is_dir() and any(n.startswith("temp-") for n in os.listdir(base))
-
-
-def latest_step(model_dir):
-    return int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
 
 
 def assert_resumes(model_dir, step):
@@ -287,7 +281,7 @@ def test_an_unwritable_model_dir_names_the_cause_and_exits_5(how, cause, fix, tm
         }
         errors = {}
         for command, argv in commands.items():
-            done = run(prefix + [sys.executable, "-m", "estimator_dist", *argv])
+            done = run(prefix + cli_argv(*argv))
             errors[command] = done.stderr
             assert done.returncode == EXIT_STORAGE, (command, done.stderr)
             assert done.stderr.count("\n") == 1 and cause in done.stderr, (command, done.stderr)
@@ -345,8 +339,8 @@ def test_disk_full_while_exporting_is_an_error_and_keeps_earlier_exports(tmp_pat
     (first,) = os.listdir(base)
     before = {p: os.path.getsize(p) for p in walk(base)}
     time.sleep(1.0)  # a new timestamp for the next export
-    proc = run([sys.executable, "-m", "estimator_dist", "export", "--import", "guard_models",
-                "--model_dir", str(model_dir), "--export_dir", str(base)],
+    proc = run(cli_argv("export", "--import", "guard_models",
+                "--model_dir", str(model_dir), "--export_dir", str(base)),
                preexec_fn=fill_disk_at(600_000))
     assert proc.returncode == EXIT_STORAGE, proc.stderr
     err = proc.stderr.strip()
@@ -403,8 +397,8 @@ def test_a_checkpoint_save_failing_at_its_meta_file_is_undone(tmp_path):
 def test_disk_full_writing_a_tfjob_manifest_is_one_line(tmp_path):
     out = tmp_path / "job.yaml"
     out.write_text("earlier\n")
-    proc = run([sys.executable, "-m", "estimator_dist", "tfjob", "--name", "j", "--image", "i",
-                "--workers", "1", "--output", str(out), "--model", "digits"], preexec_fn=fill_disk_at(100))
+    proc = run(cli_argv("tfjob", "--name", "j", "--image", "i",
+                "--workers", "1", "--output", str(out), "--model", "digits"), preexec_fn=fill_disk_at(100))
     err = one_line_storage_error(proc)
     assert err.startswith(f"estimator-dist: error: writing {out} failed: ")
     assert f"the earlier {out} is unchanged" in err
@@ -524,8 +518,8 @@ def test_sigterm_during_the_export_command_removes_the_partial_export_and_exits_
     trained = run(train_argv(model_dir, "--train_steps", 5))
     assert trained.returncode == 0, trained.stderr
     manual = model_dir / "export" / "manual"
-    argv = [sys.executable, "-m", "estimator_dist", "export", "--import", "guard_models",
-            "--model_dir", str(model_dir)]
+    argv = cli_argv("export", "--import", "guard_models",
+            "--model_dir", str(model_dir))
     code, err, _ = signal_when(argv, lambda: has_temp_export(manual), "the export")
     assert code == EXIT_PREEMPTED, err
     assert err.strip() == ("estimator-dist: preempted: SIGTERM: 'export' stopped; anything it was "
@@ -588,9 +582,9 @@ def test_a_model_too_large_for_memory_is_refused_while_its_graph_is_built(strate
     created, before the optimizer is built."""
     model_dir = tmp_path / "run"
     started = time.monotonic()
-    proc = run([sys.executable, "-m", "estimator_dist", "train", "--model", "digits",
+    proc = run(cli_argv("train", "--model", "digits",
                 "--strategy", strategy, "--num_devices", str(n),
-                "--set", "filters=100000000", "--model_dir", str(model_dir), "--train_steps", "2"],
+                "--set", "filters=100000000", "--model_dir", str(model_dir), "--train_steps", "2"),
                preexec_fn=address_space_limit(16 * 2**30))
     assert proc.returncode == EXIT_USER, proc.stderr
     err = proc.stderr.strip()

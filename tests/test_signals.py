@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -18,9 +17,8 @@ import pytest
 from estimator_dist.launch import supervisor as launcher
 
 from estimator_dist.launch import cluster as cluster_launch
+from support import REPO, TRAIN, alive, cli_argv, environment, kill_left, wait_dead
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = ["--model", "digits", "--batch_size", "32", "--seed", "1"]
 OUTSIDE_THE_RUN = ("SIGTERM outside a training step (starting, connecting to its peers or "
                    "reporting): stopped at once, nothing to save; exit code 143 (retryable); "
                    "rerun the same command to resume")
@@ -42,12 +40,11 @@ def start_task(role, model_dir, *extra):
     strategy, types, (task_type, index) = ROLES[role]
     ports = launcher.free_ports(len(types))
     cluster = {t: [f"127.0.0.1:{p}"] for t, p in zip(types, ports)}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index},
-                                    "environment": "cloud"})}
-    return subprocess.Popen([sys.executable, "-m", "estimator_dist", "train", "--strategy",
-                             strategy, "--model_dir", str(model_dir), "--train_steps", "50",
-                             *extra, *TRAIN],
+    env = environment(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": task_type,
+                                                                         "index": index},
+                                             "environment": "cloud"}))
+    return subprocess.Popen(cli_argv("train", "--strategy", strategy, "--model_dir", model_dir,
+                                     "--train_steps", "50", *extra, *TRAIN),
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
@@ -137,9 +134,9 @@ def test_an_idle_evaluator_backs_off_instead_of_spinning(tmp_path):
 
 def start_cluster(tmp_path, *flags):
     """`estimator-dist cluster ... 2>&1 | tee`: the launcher writes into a pipe."""
-    return subprocess.Popen([sys.executable, "-m", "estimator_dist", "cluster", *flags,
-                             "--train_steps", "1000000", "--save_checkpoints_steps", "1000000",
-                             "--model_dir", str(tmp_path / "run"), *TRAIN],
+    return subprocess.Popen(cli_argv("cluster", *flags, "--train_steps", "1000000",
+                                     "--save_checkpoints_steps", "1000000", "--model_dir",
+                                     tmp_path / "run", *TRAIN),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -155,27 +152,6 @@ def read_until_training(proc, tasks):
         assert time.monotonic() < deadline, "no training step in time"
     assert set(pids) == set(tasks), pids
     return list(pids.values())
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_dead(pids, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        time.sleep(0.2)
-    return [p for p in pids if alive(p)]
-
-
-def kill_left(pids):
-    for pid in pids:
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
 
 
 def test_ctrl_c_with_the_output_pipe_closed_still_stops_every_task(tmp_path):

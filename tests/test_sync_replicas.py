@@ -11,7 +11,7 @@ from conftest import REPO, make_config
 from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
 from estimator_dist.training.registry import INPUTS, MODELS
-from test_cluster import Run, checkpoint_steps
+from support import Run, checkpoint_steps
 from test_model_code import cli
 
 # As a TF1 user wrote it: the optimizer wrapped, its hook made with config.is_chief.

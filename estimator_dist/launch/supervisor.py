@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
+from estimator_dist import timers
 from estimator_dist.errors import EXIT_NON_FINITE, EXIT_STORAGE, EXIT_USER
 from estimator_dist.launch.ports import LOOPBACK, free_ports, release_ports  # noqa: F401
 from estimator_dist.training import roles
@@ -36,7 +37,7 @@ from estimator_dist.training import roles
 EXIT_CLUSTER_FAILED = 3
 # SIGTERM to SIGKILL when the launcher stops a task: longer than a task that handles
 # SIGTERM takes to save and exit by itself (preemption.PEER_DEADLINE_S, 20 s).
-STOP_GRACE_SECONDS = 25.0
+STOP_GRACE_SECONDS = 25.0  # timers.py: stop_grace_s
 POLL_SECONDS = 0.2
 # A restart would only repeat these: a user error, a NaN/Inf step, a full disk.
 PERMANENT = (EXIT_USER, EXIT_NON_FINITE, EXIT_STORAGE)
@@ -191,7 +192,7 @@ class Supervisor:
         others = [t.process for t in alive if not t.does.serves_forever]
         for proc in others:
             proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        deadline = time.monotonic() + timers.seconds("stop_grace_s", STOP_GRACE_SECONDS)
         for proc in others:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))

@@ -186,9 +186,15 @@ def is_process_test(item) -> bool:
     return _test_id(item) in PROCESS or spawns_processes(item.function, *fixtures)
 
 
+def shares_a_module_fixture(item) -> bool:
+    return any(defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values())
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if is_process_test(item):
             item.add_marker(pytest.mark.process)
         if _test_id(item) in SLOW:
             item.add_marker(pytest.mark.slow)
+        if shares_a_module_fixture(item):  # its file's tests on one worker: one fixture build
+            item.add_marker(pytest.mark.xdist_group(os.path.basename(str(item.path))))

@@ -30,11 +30,19 @@ def environment(*pythonpath, short_timers=False, **extra):
     """This process's environment for a child: `pythonpath` entries first on PYTHONPATH (the
     rest kept), unbuffered output, SHORT_TIMERS when asked, and `extra` variables."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(p) for p in pythonpath] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    path = [str(p) for p in pythonpath] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+    env.pop("PYTHONPATH", None)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
     if short_timers:
-        env[timers.ENV] = ",".join(f"{k}={v:g}" for k, v in SHORT_TIMERS.items())
+        env[timers.ENV] = short_timers_setting()
     return env
+
+
+def short_timers_setting():
+    """SHORT_TIMERS as timers.ENV's value (`monkeypatch.setenv(timers.ENV, ...)` for a
+    launcher run in the test's own process: its tasks inherit it)."""
+    return ",".join(f"{name}={seconds:g}" for name, seconds in SHORT_TIMERS.items())
 
 
 def cli_argv(*args):
@@ -80,19 +88,38 @@ def run_on_a_terminal(args, columns=None, timeout=120):
 
 class Run:
     """`python -m estimator_dist COMMAND ARGS` (default `cluster`) as a subprocess whose output
-    (stdout and stderr) is collected line by line as it comes."""
+    is collected line by line as it comes, with the time each line came: stdout and stderr
+    together in `lines`, or stderr apart in `errors` (stderr_apart)."""
 
-    def __init__(self, args, timeout=300, cwd=REPO, command="cluster", env=None):
-        self.proc = subprocess.Popen(cli_argv(command, *args), cwd=cwd, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines = []
+    def __init__(self, args, timeout=300, cwd=REPO, command="cluster", env=None,
+                 stderr_apart=False):
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            cli_argv(command, *args), cwd=cwd, env=env or environment(), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if stderr_apart else subprocess.STDOUT, text=True)
+        self.lines, self.errors = [], []
+        self.times = []  # when each of `lines` came (time.monotonic())
+        self.ended = None  # when stdout ended (the process closed it, at its exit)
         self.timeout = timeout
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self._readers = [threading.Thread(target=self._read, daemon=True)]
+        if stderr_apart:
+            self._readers.append(threading.Thread(target=self._read_errors, daemon=True))
+        for reader in self._readers:
+            reader.start()
 
     def _read(self):
         for line in self.proc.stdout:
+            self.times.append(time.monotonic())
             self.lines.append(line.rstrip("\n"))
+        self.ended = time.monotonic()
+
+    def _read_errors(self):
+        for line in self.proc.stderr:
+            self.errors.append(line.rstrip("\n"))
+
+    def time_of(self, pattern):
+        """When the first line matching `pattern` (re.search) came."""
+        return next(t for t, line in zip(self.times, self.lines) if re.search(pattern, line))
 
     def pid_of(self, task):
         """The PID of the task's latest start."""
@@ -110,7 +137,8 @@ class Run:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(60)
             raise AssertionError("run timed out:\n" + "\n".join(self.lines[-40:])) from None
-        self._reader.join(5)
+        for reader in self._readers:
+            reader.join(5)
         return code
 
     def stop(self):

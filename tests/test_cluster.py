@@ -354,12 +354,11 @@ def test_task_that_never_listens_hits_the_startup_deadline():
     lines = []
     supervisor = launcher.Supervisor(tasks, whole_restart=False, max_restarts=3,
                                      startup_timeout=2, emit=lines.append)
-    started = time.monotonic()
     assert supervisor.run() == launcher.EXIT_CLUSTER_FAILED
-    assert time.monotonic() - started < 30
     assert any("chief:0 did not start listening on 127.0.0.1:" in line and "within 2 s" in line
                for line in lines), lines
-    assert tasks[0].process.poll() is not None  # stopped, not orphaned
+    # Stopped by the launcher (SIGTERM), not orphaned, and long before its 120 s sleep ended.
+    assert tasks[0].process.returncode == -signal.SIGTERM
 
 
 def preempt_and_resume(run, task, model_dir):

@@ -86,6 +86,23 @@ def run_on_a_terminal(args, columns=None, timeout=120):
     return proc.wait(timeout), output.decode()
 
 
+def cli_in_process(argv, capsys, monkeypatch):
+    """`estimator-dist ARGV` called in this process, for a command that must refuse (or only
+    write a file) before any task starts; starting one fails the test instead (no process is
+    started, no signal handler of the launcher installed): (exit code, stdout, stderr)."""
+    from estimator_dist.cli.main import main
+    from estimator_dist.launch import cluster, supervisor
+
+    def no_task(*_args, **_kwargs):
+        raise AssertionError(f"estimator-dist {' '.join(map(str, argv))}: a task was started")
+
+    monkeypatch.setattr(supervisor.Supervisor, "start", no_task)
+    monkeypatch.setattr(cluster, "install_signal_handlers", lambda: None)
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 class Run:
     """`python -m estimator_dist COMMAND ARGS` (default `cluster`) as a subprocess whose output
     is collected line by line as it comes, with the time each line came: stdout and stderr

@@ -4,6 +4,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -12,8 +13,8 @@ import yaml
 
 from estimator_dist.launch import supervisor as launcher
 from estimator_dist.launch import tfjob
-from support import (REPO, TRAIN, Run, alive, checkpoint_steps, cli_argv, final_export, run_cli,
-                     wait_for)
+from support import (REPO, TRAIN, Run, alive, checkpoint_steps, cli_argv, cli_in_process,
+                     final_export, run_cli, wait_for)
 
 
 def test_multi_worker_mirrored_two_workers_and_evaluator(tmp_path):
@@ -138,12 +139,30 @@ def test_launcher_rejects_bad_shapes():
                                         "--strategy multi_worker_mirrored"),
 ])
 def test_cluster_and_tfjob_check_the_train_flags_before_launching_or_writing(
-        command, flags, message, tmp_path):
+        command, flags, message, tmp_path, capsys, monkeypatch):
+    """In this process (starting a task fails the test); a user's run of two of them, in
+    test_a_refusal_as_a_user_runs_it."""
     out = tmp_path / "job.yaml"
     extra = ["--image", "img:1", "--output", str(out)] if command == "tfjob" else []
-    proc = run_cli(command, *extra, *flags, "--model_dir", tmp_path / "run", timeout=120)
-    assert proc.returncode == 2 and proc.stdout == "", proc.stdout  # no task was started
-    assert proc.stderr.startswith(f"estimator-dist: error: {message}"), proc.stderr
+    code, stdout, stderr = cli_in_process([command, *extra, *flags, "--model_dir",
+                                           tmp_path / "run"], capsys, monkeypatch)
+    assert code == 2 and stdout == "", stdout  # no task was started
+    assert stderr.startswith(f"estimator-dist: error: {message}"), stderr
+    assert stderr.count("\n") == 1
+    assert not out.exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["cluster", "tfjob"])
+def test_a_refusal_as_a_user_runs_it(command, tmp_path):
+    """The CLI in a process of its own: exit 2, one line, no TensorFlow noise, nothing started."""
+    out = tmp_path / "job.yaml"
+    extra = ["--image", "img:1", "--output", str(out)] if command == "tfjob" else []
+    proc = run_cli(command, *extra, "--workers", "3", "--batch_size", "64", "--model_dir",
+                   tmp_path / "run", timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith("estimator-dist: error: --batch_size 64 is not divisible by the "
+                                  "3 replicas of --strategy multi_worker_mirrored; use a multiple "
+                                  "of 3 (e.g. 66)"), proc.stderr
     assert proc.stderr.count("\n") == 1
     assert not out.exists() and not (tmp_path / "run").exists()
 
@@ -213,11 +232,16 @@ def test_tfjob_manifest_replicas_run_with_operator_tf_config(tmp_path):
     assert checkpoint_steps(model_dir)[-1] >= 30 and final_export(model_dir), "\n".join(lines)
 
 
-def tfjob_cli(tmp_path, *flags):
-    """`estimator-dist tfjob` as a user runs it: (the finished process, the manifest or None)."""
+def tfjob_cli(tmp_path, *flags, capsys=None, monkeypatch=None):
+    """`estimator-dist tfjob` as a user runs it, or in this process with capsys and monkeypatch
+    (cli_in_process): (the finished process, or (exit code, stdout, stderr) as one, the
+    manifest or None)."""
     out = tmp_path / "job.yaml"
-    proc = run_cli("tfjob", "--image", "registry.example/estimator-dist:1", "--output", str(out),
-                   *flags, timeout=120)
+    argv = ["tfjob", "--image", "registry.example/estimator-dist:1", "--output", out, *flags]
+    if capsys:
+        proc = subprocess.CompletedProcess(argv, *cli_in_process(argv, capsys, monkeypatch))
+    else:
+        proc = run_cli(*argv, timeout=120)
     return proc, (yaml.safe_load(out.read_text()) if out.exists() else None)
 
 
@@ -233,9 +257,11 @@ def tfjob_cli(tmp_path, *flags):
                f"'{'d' * 55}-evaluator-0' (67 characters), over the 63 of a DNS label; give a "
                f"name of at most 51 characters"),
 ])
-def test_tfjob_refuses_a_name_the_operator_refuses(name, message, tmp_path):
+def test_tfjob_refuses_a_name_the_operator_refuses(name, message, tmp_path, capsys,
+                                                   monkeypatch):
     """The operator validates a TFJob's name as a DNS-1035 label: '1st-run' was written."""
-    proc, job = tfjob_cli(tmp_path, "--name", name, "--evaluator", "--model_dir", "gs://b/run")
+    proc, job = tfjob_cli(tmp_path, "--name", name, "--evaluator", "--model_dir", "gs://b/run",
+                          capsys=capsys, monkeypatch=monkeypatch)
     assert (proc.returncode, proc.stdout, job) == (2, "", None), proc.stderr
     assert proc.stderr.startswith(f"estimator-dist: error: {message}"), proc.stderr
     assert proc.stderr.count("\n") == 1
@@ -257,8 +283,9 @@ def test_a_one_replica_tfjob_runs_without_tf_config(tmp_path):
     assert checkpoint_steps(model_dir)[-1] == 10 and final_export(model_dir)
 
 
-def test_a_one_replica_tfjob_refuses_a_cluster_strategy(tmp_path):
-    proc, job = tfjob_cli(tmp_path, "--workers", "1", "--strategy", "multi_worker_mirrored")
+def test_a_one_replica_tfjob_refuses_a_cluster_strategy(tmp_path, capsys, monkeypatch):
+    proc, job = tfjob_cli(tmp_path, "--workers", "1", "--strategy", "multi_worker_mirrored",
+                          capsys=capsys, monkeypatch=monkeypatch)
     assert (proc.returncode, job) == (2, None)
     assert proc.stderr == ("estimator-dist: error: --strategy multi_worker_mirrored with --workers "
                            "1 and no --ps or --evaluator: the TFJob operator gives a job of one "
@@ -268,10 +295,11 @@ def test_a_one_replica_tfjob_refuses_a_cluster_strategy(tmp_path):
 
 
 @pytest.mark.parametrize("flags", [[], ["--model_dir", "runs/mine"], ["--evaluator"]])
-def test_a_multi_replica_tfjob_refuses_a_pod_local_model_dir(flags, tmp_path):
+def test_a_multi_replica_tfjob_refuses_a_pod_local_model_dir(flags, tmp_path, capsys, monkeypatch):
     """Without --pvc the default runs/MODEL is private to each pod: the evaluator never saw a
     checkpoint."""
-    proc, job = tfjob_cli(tmp_path, "--workers", "2", *flags)
+    proc, job = tfjob_cli(tmp_path, "--workers", "2", *flags, capsys=capsys,
+                          monkeypatch=monkeypatch)
     assert (proc.returncode, job) == (2, None)
     assert re.fullmatch(r"estimator-dist: error: --model_dir (runs/MODEL \(the default\)|runs/mine): "
                         r"each of this job's [23] replicas runs in a pod of its own, where that "
@@ -284,8 +312,10 @@ def test_a_multi_replica_tfjob_refuses_a_pod_local_model_dir(flags, tmp_path):
 @pytest.mark.parametrize("flags", [["--model_dir", "gs://bucket/run"],
                                    ["--model_dir", "s3://bucket/run", "--pvc", "data"],
                                    ["--pvc", "data", "--model_dir", "/mnt/estimator-dist/run"]])
-def test_a_multi_replica_tfjob_on_shared_storage_is_written(flags, tmp_path):
-    proc, job = tfjob_cli(tmp_path, "--workers", "2", *flags)
+def test_a_multi_replica_tfjob_on_shared_storage_is_written(flags, tmp_path, capsys,
+                                                           monkeypatch):
+    proc, job = tfjob_cli(tmp_path, "--workers", "2", *flags, capsys=capsys,
+                          monkeypatch=monkeypatch)
     assert proc.returncode == 0, proc.stderr
     command = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--model_dir") + 1] == flags[flags.index("--model_dir") + 1]

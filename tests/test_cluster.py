@@ -4,9 +4,9 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
+import types
 
 import pytest
 import yaml
@@ -232,17 +232,22 @@ def test_tfjob_manifest_replicas_run_with_operator_tf_config(tmp_path):
     assert checkpoint_steps(model_dir)[-1] >= 30 and final_export(model_dir), "\n".join(lines)
 
 
-def tfjob_cli(tmp_path, *flags, capsys=None, monkeypatch=None):
-    """`estimator-dist tfjob` as a user runs it, or in this process with capsys and monkeypatch
-    (cli_in_process): (the finished process, or (exit code, stdout, stderr) as one, the
-    manifest or None)."""
+def tfjob_cli(tmp_path, *flags):
+    """`estimator-dist tfjob` as a user runs it: (the finished process, the manifest or None)."""
+    out = tmp_path / "job.yaml"
+    proc = run_cli("tfjob", "--image", "registry.example/estimator-dist:1", "--output", out,
+                   *flags, timeout=120)
+    return proc, (yaml.safe_load(out.read_text()) if out.exists() else None)
+
+
+def tfjob_here(tmp_path, capsys, monkeypatch, *flags):
+    """`estimator-dist tfjob` in this process (cli_in_process): (the exit code, stdout and
+    stderr as a finished process has them, the manifest or None)."""
     out = tmp_path / "job.yaml"
     argv = ["tfjob", "--image", "registry.example/estimator-dist:1", "--output", out, *flags]
-    if capsys:
-        proc = subprocess.CompletedProcess(argv, *cli_in_process(argv, capsys, monkeypatch))
-    else:
-        proc = run_cli(*argv, timeout=120)
-    return proc, (yaml.safe_load(out.read_text()) if out.exists() else None)
+    code, stdout, stderr = cli_in_process(argv, capsys, monkeypatch)
+    done = types.SimpleNamespace(returncode=code, stdout=stdout, stderr=stderr)
+    return done, (yaml.safe_load(out.read_text()) if out.exists() else None)
 
 
 @pytest.mark.parametrize("name, message", [
@@ -260,8 +265,8 @@ def tfjob_cli(tmp_path, *flags, capsys=None, monkeypatch=None):
 def test_tfjob_refuses_a_name_the_operator_refuses(name, message, tmp_path, capsys,
                                                    monkeypatch):
     """The operator validates a TFJob's name as a DNS-1035 label: '1st-run' was written."""
-    proc, job = tfjob_cli(tmp_path, "--name", name, "--evaluator", "--model_dir", "gs://b/run",
-                          capsys=capsys, monkeypatch=monkeypatch)
+    proc, job = tfjob_here(tmp_path, capsys, monkeypatch, "--name", name, "--evaluator",
+                           "--model_dir", "gs://b/run")
     assert (proc.returncode, proc.stdout, job) == (2, "", None), proc.stderr
     assert proc.stderr.startswith(f"estimator-dist: error: {message}"), proc.stderr
     assert proc.stderr.count("\n") == 1
@@ -284,8 +289,8 @@ def test_a_one_replica_tfjob_runs_without_tf_config(tmp_path):
 
 
 def test_a_one_replica_tfjob_refuses_a_cluster_strategy(tmp_path, capsys, monkeypatch):
-    proc, job = tfjob_cli(tmp_path, "--workers", "1", "--strategy", "multi_worker_mirrored",
-                          capsys=capsys, monkeypatch=monkeypatch)
+    proc, job = tfjob_here(tmp_path, capsys, monkeypatch, "--workers", "1", "--strategy",
+                           "multi_worker_mirrored")
     assert (proc.returncode, job) == (2, None)
     assert proc.stderr == ("estimator-dist: error: --strategy multi_worker_mirrored with --workers "
                            "1 and no --ps or --evaluator: the TFJob operator gives a job of one "
@@ -298,8 +303,7 @@ def test_a_one_replica_tfjob_refuses_a_cluster_strategy(tmp_path, capsys, monkey
 def test_a_multi_replica_tfjob_refuses_a_pod_local_model_dir(flags, tmp_path, capsys, monkeypatch):
     """Without --pvc the default runs/MODEL is private to each pod: the evaluator never saw a
     checkpoint."""
-    proc, job = tfjob_cli(tmp_path, "--workers", "2", *flags, capsys=capsys,
-                          monkeypatch=monkeypatch)
+    proc, job = tfjob_here(tmp_path, capsys, monkeypatch, "--workers", "2", *flags)
     assert (proc.returncode, job) == (2, None)
     assert re.fullmatch(r"estimator-dist: error: --model_dir (runs/MODEL \(the default\)|runs/mine): "
                         r"each of this job's [23] replicas runs in a pod of its own, where that "
@@ -314,8 +318,7 @@ def test_a_multi_replica_tfjob_refuses_a_pod_local_model_dir(flags, tmp_path, ca
                                    ["--pvc", "data", "--model_dir", "/mnt/estimator-dist/run"]])
 def test_a_multi_replica_tfjob_on_shared_storage_is_written(flags, tmp_path, capsys,
                                                            monkeypatch):
-    proc, job = tfjob_cli(tmp_path, "--workers", "2", *flags, capsys=capsys,
-                          monkeypatch=monkeypatch)
+    proc, job = tfjob_here(tmp_path, capsys, monkeypatch, "--workers", "2", *flags)
     assert proc.returncode == 0, proc.stderr
     command = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--model_dir") + 1] == flags[flags.index("--model_dir") + 1]

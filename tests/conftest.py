@@ -198,3 +198,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if shares_a_module_fixture(item):  # its file's tests on one worker: one fixture build
             item.add_marker(pytest.mark.xdist_group(os.path.basename(str(item.path))))
+    longest_first(items)
+
+
+def longest_first(items):
+    """Order the tests process tier first, then slow, then the unit tests (a group, above,
+    goes as a unit where its longest tier does), each in file order. pytest-xdist hands the
+    next test to the first worker that is free: the seconds-long process tests are all under
+    way before the unit tests (minutes of sub-second tests) fill the end, so the workers end
+    within a test of each other (a process test handed out last kept one worker busy alone)."""
+    def unit(item):
+        group = item.get_closest_marker("xdist_group")
+        return group.args[0] if group else item.nodeid
+
+    def tier(item):
+        return 0 if item.get_closest_marker("process") else 1 if item.get_closest_marker("slow") else 2
+
+    first, best = {}, {}
+    for i, item in enumerate(items):
+        first.setdefault(unit(item), i)
+        best[unit(item)] = min(best.get(unit(item), 2), tier(item))
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (best[unit(item)], first[unit(item)], order[id(item)]))

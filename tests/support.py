@@ -88,15 +88,16 @@ def run_on_a_terminal(args, columns=None, timeout=120):
 
 def cli_in_process(argv, capsys, monkeypatch):
     """`estimator-dist ARGV` called in this process, for a command that must refuse (or only
-    write a file) before any task starts; starting one fails the test instead (no process is
-    started, no signal handler of the launcher installed): (exit code, stdout, stderr)."""
+    write a file) before any process starts; starting one fails the test instead (no process
+    is started, no signal handler of the launcher installed): (exit code, stdout, stderr)."""
     from estimator_dist.cli.main import main
 
     def no_task(*_args, **_kwargs):
         raise AssertionError(f"estimator-dist {' '.join(map(str, argv))}: a task was started")
 
-    # By its dotted name: the tier rule (conftest.py) reads names, and this starts nothing.
-    monkeypatch.setattr("estimator_dist.launch.supervisor.Supervisor.start", no_task)
+    # By dotted names: the tier rule (conftest.py) reads names, and this starts nothing. Every
+    # process start (a cluster's task, a bench case, a Horovod rank) goes through Popen.
+    monkeypatch.setattr("subprocess.Popen", no_task)
     monkeypatch.setattr("estimator_dist.launch.cluster.install_signal_handlers", lambda: None)
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()

@@ -216,12 +216,12 @@ def checkpoint_steps(model_dir):
 
 
 def latest_step(model_dir):
-    """The step of model_dir's latest checkpoint, as its `checkpoint` state file names it
-    (what a resume reads); None without one."""
+    """The global step saved in model_dir's latest checkpoint (the one its `checkpoint` state
+    file names: what a resume reads); None without one."""
     import tensorflow as tf
 
     latest = tf.train.latest_checkpoint(str(model_dir))
-    return int(latest.rsplit("-", 1)[1]) if latest else None
+    return int(tf.train.load_checkpoint(latest).get_tensor("global_step")) if latest else None
 
 
 def final_export(model_dir):

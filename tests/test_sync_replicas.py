@@ -11,7 +11,6 @@ from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
 from estimator_dist.training.registry import INPUTS, MODELS
 from support import Run, checkpoint_steps
-from test_model_code import cli
 
 # As a TF1 user wrote it: the optimizer wrapped, its hook made with config.is_chief.
 USER_MODULE = '''

@@ -120,8 +120,7 @@ def test_bad_flag_is_one_line_exit_2_nothing_written(flags, message, tmp_path, c
 
 
 def test_a_bad_flag_as_a_user_runs_it(tmp_path):
-    proc = run_cli("bench", "--case_timeout", "nan", "--output_dir", tmp_path / "out",
-                   timeout=120)
+    proc = run_cli("bench", "--case_timeout", "nan", "--output_dir", tmp_path / "out")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "estimator-dist: error: --case_timeout nan: must be a number of " \
                           "seconds > 0\n", proc.stderr

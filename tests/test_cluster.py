@@ -158,7 +158,7 @@ def test_a_refusal_as_a_user_runs_it(command, tmp_path):
     out = tmp_path / "job.yaml"
     extra = ["--image", "img:1", "--output", str(out)] if command == "tfjob" else []
     proc = run_cli(command, *extra, "--workers", "3", "--batch_size", "64", "--model_dir",
-                   tmp_path / "run", timeout=120)
+                   tmp_path / "run")
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     assert proc.stderr.startswith("estimator-dist: error: --batch_size 64 is not divisible by the "
                                   "3 replicas of --strategy multi_worker_mirrored; use a multiple "

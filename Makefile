@@ -64,8 +64,8 @@ gpu-check: $(STAMP)
 TESTPATHS = $(if $(filter tests tests/% %.py,$(TESTARGS))$(findstring .py::,$(TESTARGS)),,tests)
 
 # One pytest worker per core (pytest-xdist; TEST_WORKERS=0: one process). Each test goes to
-# the next free worker, the longest first (tests/conftest.py orders them), so the workers
-# finish together; the tests of a file that shares a module fixture stay on one worker
+# the next free worker, the process tests first (tests/conftest.py orders them), so the
+# workers finish together; the tests of a file that shares a module fixture stay on one worker
 # (--dist loadgroup). --durations: the slowest tests, named in every CI log.
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_WORKERS = -p xdist -n $(TEST_WORKERS) --dist loadgroup

@@ -63,16 +63,22 @@ gpu-check: $(STAMP)
 # x.py) only that runs; otherwise (TESTARGS="-k foo -x") they filter the whole tests directory.
 TESTPATHS = $(if $(filter tests tests/% %.py,$(TESTARGS))$(findstring .py::,$(TESTARGS)),,tests)
 
-# --durations: the slowest tests, named in every CI log. One process: two (pytest-xdist) took
-# 24 min instead of ~29 but lost tests to the load (a worker that refused first, a step that
-# waited 60 s for its peer under twice the load).
+# One pytest worker per core (pytest-xdist; TEST_WORKERS=0: one process). Each test goes to
+# the next free worker, the process tests first (tests/conftest.py orders them), so the
+# workers finish together; the tests of a file that shares a module fixture stay on one worker
+# (--dist loadgroup). --durations: the slowest tests, named in every CI log.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST_WORKERS = -p xdist -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(HOROVOD_STAMP)
-	$(BIN)/python -m pytest -q --durations=25 $(TESTPATHS) $(TESTARGS)
+	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) --durations=25 $(TESTPATHS) $(TESTARGS)
 
 # The unit tier: no test that starts a process (CLI runs, clusters, Horovod ranks) or trains for
-# long; tests/conftest.py marks them `process` and `slow`. Under 2 minutes on 2 cores.
-test-fast: $(HOROVOD_STAMP)
-	$(BIN)/python -m pytest -q -m "not process and not slow" $(TESTPATHS) $(TESTARGS)
+# long; tests/conftest.py marks them `process` and `slow`. Under 2 minutes on 2 cores. No
+# Horovod build: no unit test needs it (those that use it skip without it).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) -m "not process and not slow" $(TESTPATHS) \
+	  $(TESTARGS)
 
 bench: $(HOROVOD_STAMP)
 	$(BIN)/estimator-dist bench --output_dir $(BENCH_DIR) $(ARGS)

@@ -27,6 +27,8 @@ setup(
     python_requires=">=3.9,<3.12",
     packages=find_packages(include=["estimator_dist*", "model_fns*", "input_fns*"]),
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": ["pytest>=7", "pytest-timeout>=2.1"]},
+    # pytest-xdist: `make test` runs a worker per core; pytest-cov: coverage of estimator_dist/.
+    extras_require={"test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5,<4",
+                             "pytest-cov>=5,<8"]},
     entry_points={"console_scripts": ["estimator-dist=estimator_dist.cli.main:main"]},
 )

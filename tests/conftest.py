@@ -3,7 +3,6 @@ import ast
 import functools
 import inspect
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -22,51 +21,8 @@ from estimator_dist.training.registry import MODELS  # noqa: E402
 
 user_code.load_builtins()
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_cli(*args, timeout=300):
-    """`python -m estimator_dist ARGS` in a fresh process, as a user runs it: the finished process."""
-    return subprocess.run([sys.executable, "-m", "estimator_dist", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def supervise(supervisor) -> int:
-    """Run a launcher.Supervisor from the repository, whose tasks run `python -m
-    estimator_dist` as a user's would: the chief's exit code."""
-    cwd = os.getcwd()
-    os.chdir(REPO)
-    try:
-        return supervisor.run()
-    finally:
-        os.chdir(cwd)
-
-
-def run_on_a_terminal(args, columns=None, timeout=120):
-    """`python -m estimator_dist ARGS` writing to a pseudo-terminal (`columns` wide when given),
-    as from a user's shell: (exit code, everything it wrote, as text)."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    if columns:
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "estimator_dist", *args], stdout=slave,
-                            stderr=slave, cwd=REPO)
-    os.close(slave)
-    output = b""
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        output += chunk
-    os.close(master)
-    return proc.wait(timeout), output.decode()
+# Long-standing names of this module, now in support.py (import them from there in new tests).
+from support import REPO, run_cli, run_on_a_terminal, supervise  # noqa: E402,F401
 
 
 def make_config(model="digits", overrides=(), **flags):
@@ -230,9 +186,37 @@ def is_process_test(item) -> bool:
     return _test_id(item) in PROCESS or spawns_processes(item.function, *fixtures)
 
 
+def shares_a_module_fixture(item) -> bool:
+    return any(defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values())
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if is_process_test(item):
             item.add_marker(pytest.mark.process)
         if _test_id(item) in SLOW:
             item.add_marker(pytest.mark.slow)
+        if shares_a_module_fixture(item):  # its file's tests on one worker: one fixture build
+            item.add_marker(pytest.mark.xdist_group(os.path.basename(str(item.path))))
+    longest_first(items)
+
+
+def longest_first(items):
+    """Order the tests process tier first, then slow, then the unit tests (a group, above,
+    goes as a unit where its longest tier does), each in file order. pytest-xdist hands the
+    next test to the first worker that is free: the seconds-long process tests are all under
+    way before the unit tests (minutes of sub-second tests) fill the end, so the workers end
+    within a test of each other (a process test handed out last kept one worker busy alone)."""
+    def unit(item):
+        group = item.get_closest_marker("xdist_group")
+        return group.args[0] if group else item.nodeid
+
+    def tier(item):
+        return 0 if item.get_closest_marker("process") else 1 if item.get_closest_marker("slow") else 2
+
+    first, best = {}, {}
+    for i, item in enumerate(items):
+        first.setdefault(unit(item), i)
+        best[unit(item)] = min(best.get(unit(item), 2), tier(item))
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (best[unit(item)], first[unit(item)], order[id(item)]))

@@ -13,7 +13,7 @@ hparams:
   fsize_limit_step, fsize_limit: from that global step on, the process may not
     write files larger than fsize_limit bytes (RLIMIT_FSIZE): the disk "fills up"
     mid-run. Only for subprocess runs: it limits the whole process.
-  eval_sleep, eval_marker: each eval batch first creates the file eval_marker (if
+  eval_sleep, eval_marker: each eval batch first adds a line to the file eval_marker (if
     given), then sleeps eval_sleep seconds (a slow evaluation to interrupt).
 """
 import resource
@@ -76,10 +76,11 @@ class FileSizeLimitHook(tf.compat.v1.train.SessionRunHook):
 
 
 def _slow_batch(seconds, marker):
-    """0.0, after creating `marker` and sleeping `seconds`, once per session run."""
+    """0.0, after adding a line to `marker` and sleeping `seconds`, once per session run."""
     def slow():
         if marker:
-            open(marker, "a").close()
+            with open(marker, "a") as f:
+                f.write("batch\n")
         time.sleep(seconds)
         return np.float32(0.0)
 

@@ -2,9 +2,6 @@
 import csv
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -12,8 +9,7 @@ from estimator_dist.bench import main as bench
 from estimator_dist.bench import plan as bench_plan
 from estimator_dist.bench import results as bench_results
 from estimator_dist.errors import UserError
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import cli_in_process, run_cli
 
 
 def measurement(model, name, round_index, rate, first=10.0):
@@ -113,12 +109,21 @@ def test_bad_options_are_user_errors(options, message):
                                   "comma-separated names"),
     (["--models", "cifar,,mlp"], "estimator-dist: error: --models 'cifar,,mlp': an empty item"),
 ])
-def test_bad_flag_is_one_line_exit_2_nothing_written(flags, message, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "estimator_dist", "bench", *flags,
-                           "--output_dir", str(tmp_path / "out")],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert proc.returncode == 2
-    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith(message), proc.stderr
+def test_bad_flag_is_one_line_exit_2_nothing_written(flags, message, tmp_path, capsys,
+                                                     monkeypatch):
+    """In this process (a case process started fails the test); one as a user runs it below."""
+    code, _, err = cli_in_process(["bench", *flags, "--output_dir", tmp_path / "out"], capsys,
+                                  monkeypatch)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and err.startswith(message), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_flag_as_a_user_runs_it(tmp_path):
+    proc = run_cli("bench", "--case_timeout", "nan", "--output_dir", tmp_path / "out")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "estimator-dist: error: --case_timeout nan: must be a number of " \
+                          "seconds > 0\n", proc.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -148,9 +153,7 @@ def test_an_output_dir_holding_other_files_is_refused(tmp_path):
 @pytest.mark.timeout(400)
 def test_quick_bench_writes_table_csv_and_png(tmp_path):
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "estimator_dist", "bench", "--quick",
-                           "--output_dir", str(out)],
-                          capture_output=True, text=True, cwd=REPO, timeout=380)
+    proc = run_cli("bench", "--quick", "--output_dir", out, timeout=380)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     expected = {(c.model, c.name) for c in bench_plan.selected_cases(bench_plan.Options(quick=True))}
     for model, name in expected:

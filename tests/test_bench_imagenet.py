@@ -4,8 +4,6 @@ a quick run that prints targets a)-c) with met/missed."""
 import glob
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,8 +16,8 @@ from estimator_dist.bench import plan as bench_plan
 from estimator_dist.bench import results as bench_results
 from estimator_dist.errors import UserError
 from input_fns import imagenet_preprocessing as preprocessing
+from support import run_cli
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_MAE = 2.0  # of 255: the issue's 2/255 on pixels 0-255
 
 
@@ -219,9 +217,7 @@ def test_a_pipelines_burst_cpu_counts_from_its_last_report(monkeypatch):
 @pytest.mark.timeout(600)
 def test_quick_imagenet_bench_prints_targets_a_to_c_with_met_or_missed(tmp_path):
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "estimator_dist", "bench", "--models",
-                           "imagenet", "--quick", "--output_dir", str(out)],
-                          capture_output=True, text=True, cwd=REPO, timeout=580)
+    proc = run_cli("bench", "--models", "imagenet", "--quick", "--output_dir", out, timeout=580)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for case in bench_plan.selected_cases(bench_plan.Options(
             models=bench_plan.IMAGENET_PARTS, quick=True)):

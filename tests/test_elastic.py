@@ -1,13 +1,9 @@
 """Issue 24 through the CLI, as a user runs it: a stopped run resumed (on one process, and
 on another worker count) ends with the weights of a run that never stopped."""
-import subprocess
-import sys
-
 import numpy as np
 import tensorflow as tf
 
-from conftest import run_cli
-from test_cluster import REPO, Run
+from support import Run, latest_step, run_cli
 
 # SGD, an MLP without dropout or batch norm, a constant learning rate: the same examples
 # in the same steps give the same weights.
@@ -29,10 +25,6 @@ def max_abs_difference(a_dir, b_dir):
     return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
-def step_of(model_dir):
-    return int(tf.train.load_checkpoint(str(model_dir)).get_tensor("global_step"))
-
-
 def train(model_dir, steps, *flags):
     proc = run_cli("train", *EXACT, "--model_dir", str(model_dir), "--train_steps", str(steps),
                    *flags)
@@ -46,7 +38,7 @@ def test_a_resumed_run_continues_the_stream_at_the_next_example(tmp_path):
     train(tmp_path / "stopped", 12, "--batch_size", "32")
     proc = train(tmp_path / "stopped", 24, "--batch_size", "32")
     assert "resuming from the checkpoint at step 12" in proc.stdout
-    assert step_of(tmp_path / "stopped") == 24
+    assert latest_step(tmp_path / "stopped") == 24
     assert max_abs_difference(tmp_path / "straight", tmp_path / "stopped") <= TOLERANCE
 
 
@@ -62,17 +54,15 @@ def test_two_workers_stopped_at_60_resumed_on_three_equal_one_process(tmp_path):
     assert "resuming from the checkpoint at step 60" in run.text
     assert "global batch 24 = 8 x 3 replica(s)" in run.text
     train(tmp_path / "one", 120, *batch, "--strategy", "none")
-    assert step_of(elastic) == 120
+    assert latest_step(elastic) == 120
     difference = max_abs_difference(elastic, tmp_path / "one")
     print(f"max abs difference after 120 steps (2 -> 3 workers vs one process): {difference:.3g}")
     assert difference <= TOLERANCE
 
 
 def test_a_worker_count_that_does_not_keep_the_global_batch_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "estimator_dist", "cluster", "--workers", "5",
-                           "--model", "tabular", "--batch_size", "24", "--model_dir",
-                           str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    proc = run_cli("cluster", "--workers", "5", "--model", "tabular", "--batch_size", "24",
+                   "--model_dir", tmp_path / "run", timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr == (
         "estimator-dist: error: --batch_size 24 is not divisible by the 5 replicas of "

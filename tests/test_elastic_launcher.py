@@ -6,7 +6,6 @@ import re
 import signal
 import stat
 import subprocess
-import sys
 import time
 
 import pytest
@@ -15,8 +14,8 @@ import yaml
 from estimator_dist.cli.main import main
 from estimator_dist.errors import UserError
 from estimator_dist.launch import elastic, tfjob
-from test_cluster import REPO, Run, alive, wait_for
-from test_elastic import TOLERANCE, max_abs_difference, step_of
+from support import REPO, Run, alive, latest_step, run_cli, wait_for
+from test_elastic import TOLERANCE, max_abs_difference
 
 # A TF1 model_fn as users write it, with its own train_op; every step also sleeps 0.1 s so
 # that the test can change the cluster mid-run. SGD, no dropout or batch norm.
@@ -95,10 +94,9 @@ def test_three_two_three_workers_by_discovery_equal_one_process(user_dir):
     steps = [int(re.search(r"at step (\d+)", line).group(1)) for line in lines]
     assert 0 < steps[0] < steps[1] < 120, lines
     assert "global batch 24 = 12 x 2 replica(s)" in run.text
-    assert step_of(user_dir / "elastic") == 120
-    one = subprocess.run([sys.executable, "-m", "estimator_dist", "train", *FLAGS,
-                          "--train_steps", "120", "--strategy", "none", "--model_dir", "one"],
-                         cwd=user_dir, capture_output=True, text=True, timeout=300)
+    assert latest_step(user_dir / "elastic") == 120
+    one = run_cli("train", *FLAGS, "--train_steps", "120", "--strategy", "none", "--model_dir",
+                  "one", cwd=user_dir)
     assert one.returncode == 0, one.stdout + one.stderr
     difference = max_abs_difference(user_dir / "elastic", user_dir / "one")
     print(f"max abs difference after 120 steps (3 -> 2 -> 3 workers vs one process): "
@@ -130,7 +128,7 @@ def test_a_worker_killed_with_no_restarts_left_drops_its_slot_then_waits(user_di
     assert re.search(r"re-formed 2 -> 2 workers at step \d+ \(worker:0 exited with code -9 "
                      r"and --max_restarts 0 is used up\): \? steps lost \(the chief stopped "
                      r"without a final checkpoint\), ", line), line
-    assert step_of(user_dir / "run") == 40
+    assert latest_step(user_dir / "run") == 40
     assert not alive(pid)
 
 
@@ -147,7 +145,7 @@ def test_parameter_server_workers_follow_the_slots(user_dir):
     assert run.wait() == 0, run.text
     assert len(reforms(run)) == 1 and run.text.count("started ps:0") == 2, run.text
     assert "of 1 worker(s), 1 ps" in run.text
-    assert step_of(user_dir / "run") >= 200  # asynchronous workers may overshoot by a step
+    assert latest_step(user_dir / "run") >= 200  # asynchronous workers may overshoot by a step
 
 
 def test_below_min_workers_past_the_timeout_exits_3_having_started_nothing(user_dir):

@@ -1,19 +1,19 @@
 """`make gpu-check` (estimator_dist/bench/gpu_check.py): exits 3 on a machine without GPUs,
 runs for real on the CPU with --allow_cpu, prints one table row per strategy."""
-import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO
+from support import REPO, environment
 from estimator_dist.bench import gpu_check
 
 
 def run(*argv, timeout=420):
-    env = {**os.environ, "PYTHONPATH": REPO}
+    """`python -m estimator_dist.bench.gpu_check ARGV`, as `make gpu-check` runs it."""
     return subprocess.run([sys.executable, "-m", "estimator_dist.bench.gpu_check", *argv],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
+                          capture_output=True, text=True, cwd=REPO, env=environment(REPO),
+                          timeout=timeout)
 
 
 def test_no_gpu_is_said_in_one_line_and_exit_3():

@@ -23,8 +23,8 @@ from estimator_dist.errors import UserError
 from estimator_dist.training.registry import INPUTS
 from input_fns import batch_limit
 from input_fns import cifar
+from support import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = "".join(f"{i},{i % 2},c{i % 3}\n" for i in range(10))  # row i is on line i + 2
 
 BAD_CSVS = [

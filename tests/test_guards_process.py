@@ -27,23 +27,21 @@ from estimator_dist import files
 from estimator_dist.guards import training_guard as guards
 from estimator_dist.guards import memory
 from estimator_dist.cli.main import main
+from support import REPO, TESTS, cli_argv, environment as child_environment, latest_step
 from estimator_dist.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_STORAGE,
                                    EXIT_USER, OutOfMemory, Preempted, StorageError, UserError)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.join(REPO, "tests")
 TIMEOUT = 120
 SECRET = "guard-secret-value-8d1f"
 
 
 def train_argv(model_dir, *extra):
-    return [sys.executable, "-m", "estimator_dist", "train", "--import", "guard_models",
-            "--model", "guard_mlp", "--model_dir", str(model_dir), *map(str, extra)]
+    return cli_argv("train", "--import", "guard_models", "--model", "guard_mlp", "--model_dir",
+                    model_dir, *extra)
 
 
 def environment():
-    return {**os.environ, "PYTHONPATH": TESTS, "PYTHONUNBUFFERED": "1",
-            "ESTIMATOR_DIST_TEST_SECRET": SECRET}
+    return child_environment(TESTS, ESTIMATOR_DIST_TEST_SECRET=SECRET)
 
 
 def run(argv, preexec_fn=None):
@@ -98,10 +96,6 @@ def has_temp_export(base) -> bool:
     return base.is_dir() and any(n.startswith("temp-") for n in os.listdir(base))
 
 
-def latest_step(model_dir):
-    return int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
-
-
 def assert_resumes(model_dir, step):
     rerun = run(train_argv(model_dir, "--train_steps", step + 5, "--save_checkpoints_steps", 1000))
     assert rerun.returncode == 0, rerun.stderr
@@ -141,11 +135,12 @@ def test_ctrl_c_writes_a_final_checkpoint_exits_130_and_resumes(tmp_path):
 def test_sigterm_mid_update_of_accumulate_steps_stops_without_waiting_for_it(tmp_path):
     """An update of 10^6 micro-batches takes minutes; SIGTERM waited for it to end."""
     first = tmp_path / "model.ckpt-0.index"
-    code, err, seconds = signal_when(
+    code, err, _ = signal_when(
         train_argv(tmp_path, "--train_steps", 5, "--accumulate_steps", 1000000,
                    "--export", "none"),
         lambda: first.exists() and time.sleep(2) is None, "the first checkpoint")
-    assert code == EXIT_PREEMPTED and seconds < 30, (code, seconds, err)
+    assert code == EXIT_PREEMPTED, (code, err)
+    # At step 0: it stopped inside the update (waiting for it would have saved step 1).
     assert err.startswith("estimator-dist: preempted: SIGTERM at step 0: "), err
     assert_resumes(tmp_path, 0)
 
@@ -183,7 +178,9 @@ def test_sigterm_to_a_chief_waiting_for_its_parameter_server_exits_at_once(tmp_p
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert code == EXIT_PREEMPTED and seconds < 5, (code, seconds)
+    assert code == EXIT_PREEMPTED, (code, seconds)
+    # At once: not by the deadline ("did not end within"), not by SIGKILL (no line, -9).
+    assert "did not end within" not in err, err[-2000:]
     assert "estimator-dist: preempted: SIGTERM before training started (building the graph or " \
            "waiting for the peers): nothing to save; no checkpoint was written; exit code 143" \
            in err, err[-2000:]
@@ -191,14 +188,16 @@ def test_sigterm_to_a_chief_waiting_for_its_parameter_server_exits_at_once(tmp_p
 
 def test_sigterm_during_an_evaluation_between_steps_stops_it_and_exits_143(tmp_path):
     """Estimator evaluates right after a checkpoint save, inside the training step's hooks:
-    the evaluation (4 batches x 8 s here) is cut short before its next batch."""
+    the evaluation (4 batches x 4 s here) is cut short before its next batch."""
     model_dir, marker = tmp_path / "run", tmp_path / "evaluating"
     argv = train_argv(model_dir, "--train_steps", 100000, "--save_checkpoints_steps", 20,
-                      "--eval_steps", 4, "--set", "eval_sleep=8", "--set", f"eval_marker={marker}")
-    code, err, waited = signal_when(argv, marker.exists, "an evaluation")
+                      "--eval_steps", 4, "--set", "eval_sleep=4", "--set", f"eval_marker={marker}")
+    code, err, _ = signal_when(argv, marker.exists, "an evaluation")
     assert code == EXIT_PREEMPTED, err
-    # The batch in flight (at most 8 s) ends, then the process; the 3 batches after it: 24 s.
-    assert waited < 20, f"waited {waited:.1f} s: the evaluation ran on"
+    # The batch in flight ends, then the process: not the 3 batches after it (the marker
+    # has a line per batch started; SIGTERM came in the first one's sleep).
+    batches = marker.read_text().count("\n")
+    assert batches < 4, f"{batches} of 4 eval batches ran: the evaluation ran on"
     step = latest_step(model_dir)
     assert err.strip() == (
         f"estimator-dist: preempted: SIGTERM during an evaluation between training steps: "
@@ -287,7 +286,7 @@ def test_an_unwritable_model_dir_names_the_cause_and_exits_5(how, cause, fix, tm
         }
         errors = {}
         for command, argv in commands.items():
-            done = run(prefix + [sys.executable, "-m", "estimator_dist", *argv])
+            done = run(prefix + cli_argv(*argv))
             errors[command] = done.stderr
             assert done.returncode == EXIT_STORAGE, (command, done.stderr)
             assert done.stderr.count("\n") == 1 and cause in done.stderr, (command, done.stderr)
@@ -345,8 +344,8 @@ def test_disk_full_while_exporting_is_an_error_and_keeps_earlier_exports(tmp_pat
     (first,) = os.listdir(base)
     before = {p: os.path.getsize(p) for p in walk(base)}
     time.sleep(1.0)  # a new timestamp for the next export
-    proc = run([sys.executable, "-m", "estimator_dist", "export", "--import", "guard_models",
-                "--model_dir", str(model_dir), "--export_dir", str(base)],
+    proc = run(cli_argv("export", "--import", "guard_models",
+                "--model_dir", str(model_dir), "--export_dir", str(base)),
                preexec_fn=fill_disk_at(600_000))
     assert proc.returncode == EXIT_STORAGE, proc.stderr
     err = proc.stderr.strip()
@@ -403,8 +402,8 @@ def test_a_checkpoint_save_failing_at_its_meta_file_is_undone(tmp_path):
 def test_disk_full_writing_a_tfjob_manifest_is_one_line(tmp_path):
     out = tmp_path / "job.yaml"
     out.write_text("earlier\n")
-    proc = run([sys.executable, "-m", "estimator_dist", "tfjob", "--name", "j", "--image", "i",
-                "--workers", "1", "--output", str(out), "--model", "digits"], preexec_fn=fill_disk_at(100))
+    proc = run(cli_argv("tfjob", "--name", "j", "--image", "i",
+                "--workers", "1", "--output", str(out), "--model", "digits"), preexec_fn=fill_disk_at(100))
     err = one_line_storage_error(proc)
     assert err.startswith(f"estimator-dist: error: writing {out} failed: ")
     assert f"the earlier {out} is unchanged" in err
@@ -479,12 +478,13 @@ def test_files_honour_the_umask_and_none_is_world_writable(umask, tmp_path):
 def test_sigterm_outside_a_training_step_stops_at_once(tmp_path):
     """No step to finish (graph building, final evaluation or export): Preempted right away."""
     previous = signal.getsignal(signal.SIGTERM)
-    started = time.monotonic()
+    slept = []
     with pytest.raises(Preempted, match="SIGTERM outside a training step: no checkpoint was written"):
         with guards.TrainingGuard(str(tmp_path)):
             os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(10)
-    assert time.monotonic() - started < 5
+            for _ in range(100):  # what comes after: 10 s of it
+                slept.append(time.sleep(0.1))
+    assert len(slept) <= 1, f"{len(slept)} of 100 sleeps ran before Preempted"
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
@@ -524,8 +524,8 @@ def test_sigterm_during_the_export_command_removes_the_partial_export_and_exits_
     trained = run(train_argv(model_dir, "--train_steps", 5))
     assert trained.returncode == 0, trained.stderr
     manual = model_dir / "export" / "manual"
-    argv = [sys.executable, "-m", "estimator_dist", "export", "--import", "guard_models",
-            "--model_dir", str(model_dir)]
+    argv = cli_argv("export", "--import", "guard_models",
+            "--model_dir", str(model_dir))
     code, err, _ = signal_when(argv, lambda: has_temp_export(manual), "the export")
     assert code == EXIT_PREEMPTED, err
     assert err.strip() == ("estimator-dist: preempted: SIGTERM: 'export' stopped; anything it was "
@@ -587,10 +587,9 @@ def test_a_model_too_large_for_memory_is_refused_while_its_graph_is_built(strate
     index 6 must be >= 0"), exit 1, leaving config.yaml: now the variable is refused as it is
     created, before the optimizer is built."""
     model_dir = tmp_path / "run"
-    started = time.monotonic()
-    proc = run([sys.executable, "-m", "estimator_dist", "train", "--model", "digits",
+    proc = run(cli_argv("train", "--model", "digits",
                 "--strategy", strategy, "--num_devices", str(n),
-                "--set", "filters=100000000", "--model_dir", str(model_dir), "--train_steps", "2"],
+                "--set", "filters=100000000", "--model_dir", str(model_dir), "--train_steps", "2"),
                preexec_fn=address_space_limit(16 * 2**30))
     assert proc.returncode == EXIT_USER, proc.stderr
     err = proc.stderr.strip()
@@ -602,7 +601,6 @@ def test_a_model_too_large_for_memory_is_refused_while_its_graph_is_built(strate
                    "limit (ulimit -v), 16.0 GiB; lower the model's size hparams (--set ...; "
                    "'estimator-dist list' shows them)")
     assert not model_dir.exists()  # config.yaml (and the events file) it had written are gone
-    assert time.monotonic() - started < 60
 
 
 def test_the_memory_check_counts_every_variable_against_the_limit():

@@ -27,7 +27,8 @@ from estimator_dist.launch import cluster as cluster_launch
 from estimator_dist.training import plan as plan_lib
 from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
-from test_cluster import REPO, Run, alive, checkpoint_steps, preempt_and_resume
+from support import REPO, Run, alive, checkpoint_steps
+from test_cluster import preempt_and_resume
 
 import horovod_inputs  # noqa: F401 - registers tiny_stream, uneven, crash_once
 

@@ -1,8 +1,6 @@
 """ImageNet-layout records: the tfrecords writer, the imagenet input's reader and
 augmentation, and the resnet50 model, on real JPEGs (scikit-learn's sample images)."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,7 +10,8 @@ from PIL import Image
 import input_fns.imagenet as imagenet
 import input_fns.imagenet_preprocessing as preprocessing
 import model_fns.resnet50 as resnet50
-from conftest import REPO, make_config
+from conftest import make_config
+from support import REPO, run_cli
 from estimator_dist.cli import main as cli
 from estimator_dist.errors import UserError
 from estimator_dist.records import image_folder, layout
@@ -340,8 +339,7 @@ def test_the_documented_commands_in_a_fresh_directory(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO)
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "estimator_dist", *args], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=600)
+        return run_cli(*args, cwd=tmp_path, env=env, timeout=600)
 
     made = run("tfrecords", "--images", "photos", "--output", "records", "--shards", "2")
     assert made.returncode == 0, made.stderr

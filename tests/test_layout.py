@@ -12,7 +12,8 @@ import os
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import REPO
+
 PACKAGE = os.path.join(REPO, "estimator_dist")
 MAX_LINES = 450
 

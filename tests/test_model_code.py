@@ -7,23 +7,20 @@ train here (`estimator_dist.minimize(loss)`), imported with --import from a temp
 """
 import os
 import re
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import estimator_dist as ed
-from conftest import REPO, make_config
+from conftest import make_config
+from support import REPO, run_cli
 from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
 from estimator_dist.training.registry import INPUTS, MODELS
 
 TRAIN, EVAL, PREDICT = tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL, \
     tf.estimator.ModeKeys.PREDICT
-REFUSED_WITHIN_S = 30
 
 TUTORIAL = '''
 import tensorflow as tf
@@ -80,12 +77,8 @@ STEP_LINE = ("its train_op did not advance the global step in 3 updates (still 0
 
 def cli(tmp_path, *args, timeout=240):
     """`python -m estimator_dist ARGS` with tmp_path importable, as a user runs it."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "estimator_dist", *map(str, args)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=timeout)
-    done.seconds = time.monotonic() - started
-    return done
+    return run_cli(*args, env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO])),
+                   timeout=timeout)
 
 
 @pytest.fixture
@@ -102,14 +95,15 @@ def test_the_tutorial_verbatim_is_refused_in_seconds_for_its_step_and_trains_wit
     for strategy in (["--strategy", "none"], ["--strategy", "mirrored", "--num_devices", 2]):
         done = cli(tutorial, *base, "--model", "tutorial", "--model_dir", tutorial / "verbatim",
                    *strategy)
-        assert done.returncode == 2 and done.seconds < REFUSED_WITHIN_S, done
+        # STEP_LINE counts the updates it took (3): refused at its start, not after 20 steps.
+        assert done.returncode == 2, done
         assert done.stderr == f"estimator-dist: error: model 'tutorial': {STEP_LINE} (a " \
                               f"tf.keras optimizer never steps it)\n"
         assert not (tutorial / "verbatim").exists()  # only step 0's initial weights were saved
     # Tower splits every batch over its towers: the tutorial's examples are unbatched scalars.
     done = cli(tutorial, *base, "--model", "tutorial", "--model_dir", tutorial / "tower",
                "--strategy", "tower", "--num_devices", 2)
-    assert done.returncode == 2 and done.seconds < REFUSED_WITHIN_S, done
+    assert done.returncode == 2, done
     assert done.stderr.startswith("estimator-dist: error: --strategy tower splits each batch "
                                   "along its first dimension, but the input yields a scalar"), done
 
@@ -308,11 +302,9 @@ def test_a_train_op_that_cannot_train_is_refused_in_seconds(model_fn, strategy, 
     name = registered(model_fn, input_params)
     config = make_config(name, input=name, train_steps=1000000, batch_size=8, eval_steps=1,
                          model_dir=str(tmp_path / "run"), seed=1, **strategy)
-    started = time.monotonic()
-    with pytest.raises(UserError) as e:
+    with pytest.raises(UserError) as e:  # of 1,000,000 steps: never ends unless refused
         runner.train(config, out=lambda *_: None)
-    assert time.monotonic() - started < REFUSED_WITHIN_S
-    assert message in str(e.value), str(e.value)
+    assert message in str(e.value), str(e.value)  # it counts the updates it took: 3
     assert not (tmp_path / "run").exists()  # nothing trained: the run's dir is removed
 
 

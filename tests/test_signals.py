@@ -18,9 +18,10 @@ import pytest
 from estimator_dist.launch import supervisor as launcher
 
 from estimator_dist.launch import cluster as cluster_launch
+from estimator_dist import timers
+from support import (REPO, TRAIN, cli_argv, environment, kill_left, short_timers_setting,
+                     wait_dead)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = ["--model", "digits", "--batch_size", "32", "--seed", "1"]
 OUTSIDE_THE_RUN = ("SIGTERM outside a training step (starting, connecting to its peers or "
                    "reporting): stopped at once, nothing to save; exit code 143 (retryable); "
                    "rerun the same command to resume")
@@ -42,14 +43,46 @@ def start_task(role, model_dir, *extra):
     strategy, types, (task_type, index) = ROLES[role]
     ports = launcher.free_ports(len(types))
     cluster = {t: [f"127.0.0.1:{p}"] for t, p in zip(types, ports)}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index},
-                                    "environment": "cloud"})}
-    return subprocess.Popen([sys.executable, "-m", "estimator_dist", "train", "--strategy",
-                             strategy, "--model_dir", str(model_dir), "--train_steps", "50",
-                             *extra, *TRAIN],
+    env = environment(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": task_type,
+                                                                         "index": index},
+                                             "environment": "cloud"}))
+    proc = subprocess.Popen(cli_argv("train", "--strategy", strategy, "--model_dir", model_dir,
+                                     "--train_steps", "50", *extra, *TRAIN),
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
+    proc.own_port = ports[types.index(task_type)]
+    return proc
+
+
+def catches(pid, signum) -> bool:
+    """Whether process `pid` has a handler for `signum` (its /proc status' SigCgt mask)."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(line.split()[1] for line in f if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) & (1 << (signum - 1)))
+
+
+def wait_until_importing(proc):
+    """Until `train` handles SIGTERM, which it does first, before importing TensorFlow
+    (seconds): before that the signal kills Python itself (-15), as for any program."""
+    deadline = time.monotonic() + 240
+    while not catches(proc.pid, signal.SIGTERM):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no SIGTERM handler in time"
+        time.sleep(0.01)
+
+
+def wait_until_waiting_for_peers(proc, role):
+    """Until the task waits for its peers: its server listens (the evaluator, which runs
+    none, has printed its run line); whatever the machine's load."""
+    deadline = time.monotonic() + 240
+    if ROLES[role][2][0] == "evaluator":
+        line = proc.stdout.readline()
+        assert line.startswith("model digits |"), (line, proc.communicate())
+        return
+    while not launcher.listening(proc.own_port):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the task never listened"
+        time.sleep(0.2)
 
 
 def terminate(proc):
@@ -65,19 +98,27 @@ def terminate(proc):
     return proc.returncode, err, time.monotonic() - signalled
 
 
-@pytest.mark.parametrize("delay", [1.5, 12])
+@pytest.mark.parametrize("phase", ["importing", "waiting"])
 @pytest.mark.parametrize("role", list(ROLES))
-def test_sigterm_at_any_phase_is_one_line_and_exit_143_in_every_role(role, delay, tmp_path):
-    """1.5 s: importing TensorFlow; 12 s: building, or waiting for peers that never come.
-    A ps task or a parameter-server worker died by the raw signal (-15) without a line; an
-    MWMS task still connecting ignored SIGTERM until SIGKILL (35-60 s)."""
+def test_sigterm_at_any_phase_is_one_line_and_exit_143_in_every_role(role, phase, tmp_path):
+    """importing: TensorFlow is being imported (the process handles SIGTERM, which it does
+    before that); waiting: the task waits for peers that never come (a second after its
+    server listens). Each phase found by what the process does, whatever the machine's load
+    (a fixed 1.5 s and 12 s were a phase too early or too late under load). A ps task or a
+    parameter-server worker died by the raw signal (-15) without a line; an MWMS task still
+    connecting ignored SIGTERM until SIGKILL (35-60 s)."""
     proc = start_task(role, tmp_path / "run")
-    time.sleep(delay)
+    if phase == "importing":
+        wait_until_importing(proc)
+    else:
+        wait_until_waiting_for_peers(proc, role)
+        time.sleep(1)
     assert proc.poll() is None, proc.communicate()
     code, err, seconds = terminate(proc)
     assert code == 143, (code, err[-2000:])
     assert len(PREEMPTED.findall(err)) == 1 and err.count("\n") == 1, err[-2000:]
-    assert seconds < 5, seconds  # nothing to save in these phases: at once
+    # Nothing to save in these phases: at once, not by the deadline for a step in flight.
+    assert "did not end within" not in err, err
 
 
 def evaluator_waiting(model_dir):
@@ -110,9 +151,8 @@ def test_sigterm_to_an_evaluator_waiting_for_its_first_checkpoint_exits_143_20_t
     waiting = ("estimator-dist: preempted: SIGTERM: the evaluator stopped (an export it was "
                "writing is removed); no checkpoint yet; exit code 143 (retryable); rerun the "
                "same command to go on evaluating\n")
-    for _, err, seconds in results:  # a slow start may still be building its Estimator
+    for _, err, _ in results:  # a slow start may still be building its Estimator
         assert err in (waiting, f"estimator-dist: preempted: {OUTSIDE_THE_RUN}\n"), err
-        assert seconds < 5
     assert sum(err == waiting for _, err, _ in results) >= 10  # most were waiting
 
 
@@ -123,23 +163,33 @@ def cpu_seconds(pid):
 
 def test_an_idle_evaluator_backs_off_instead_of_spinning(tmp_path):
     """Waiting for the first checkpoint it re-read the checkpoint state non-stop: 0.60 of a
-    core (measured over 10 s; now 0.001)."""
+    core (measured over 10 s; now 0.001). Measured against a busy loop running beside it
+    (a ratio: load starves both alike; a spinning evaluator got 0.05 of a core under a load
+    of 16, as much as the busy loop's share allows), over 3 s windows, the lowest of up to
+    10: the rest of its start-up falls in the first ones only."""
     proc = evaluator_waiting(tmp_path / "run")
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    ratios = []
     try:
-        time.sleep(2)
-        before, started = cpu_seconds(proc.pid), time.monotonic()
-        time.sleep(5)
-        used = (cpu_seconds(proc.pid) - before) / (time.monotonic() - started)
+        for _ in range(10):
+            before, busy_before = cpu_seconds(proc.pid), cpu_seconds(busy.pid)
+            time.sleep(3)
+            used, busy_used = cpu_seconds(proc.pid) - before, cpu_seconds(busy.pid) - busy_before
+            ratios.append(used / max(busy_used, 0.01))
+            if ratios[-1] < 0.1:
+                break
     finally:
+        busy.kill()
+        busy.wait()
         terminate(proc)
-    assert used < 0.05, f"{used:.3f} of a core while idle"
+    assert min(ratios) < 0.1, f"{min(ratios):.3f} of a busy loop's CPU at the least, while idle"
 
 
 def start_cluster(tmp_path, *flags):
     """`estimator-dist cluster ... 2>&1 | tee`: the launcher writes into a pipe."""
-    return subprocess.Popen([sys.executable, "-m", "estimator_dist", "cluster", *flags,
-                             "--train_steps", "1000000", "--save_checkpoints_steps", "1000000",
-                             "--model_dir", str(tmp_path / "run"), *TRAIN],
+    return subprocess.Popen(cli_argv("cluster", *flags, "--train_steps", "1000000",
+                                     "--save_checkpoints_steps", "1000000", "--model_dir",
+                                     tmp_path / "run", *TRAIN),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -155,27 +205,6 @@ def read_until_training(proc, tasks):
         assert time.monotonic() < deadline, "no training step in time"
     assert set(pids) == set(tasks), pids
     return list(pids.values())
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_dead(pids, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        time.sleep(0.2)
-    return [p for p in pids if alive(p)]
-
-
-def kill_left(pids):
-    for pid in pids:
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
 
 
 def test_ctrl_c_with_the_output_pipe_closed_still_stops_every_task(tmp_path):
@@ -228,12 +257,14 @@ def test_a_worker_recreated_alone_makes_every_task_exit_retryable_and_the_run_re
         tmp_path, monkeypatch):
     """Kubeflow's operator recreates a dead multi_worker_mirrored worker ALONE: the chief
     waited at its step forever and each new worker exited 1 (CancelledError), which fails a
-    TFJob. Now each exits 144 (retryable), the chief once its step has not returned for 60 s,
-    and the tasks restarted that way resume together from the last checkpoint."""
+    TFJob. Now each exits 144 (retryable), the chief once its step has not returned for 60 s
+    (SHORT_TIMERS here), and the tasks restarted that way resume together from the last
+    checkpoint."""
     monkeypatch.chdir(REPO)
+    monkeypatch.setenv(timers.ENV, short_timers_setting())  # the tasks inherit it
     model_dir = tmp_path / "run"
-    train = ["--strategy", "multi_worker_mirrored", "--train_steps", "3000",
-             "--save_checkpoints_steps", "500", "--export", "none",
+    train = ["--strategy", "multi_worker_mirrored", "--train_steps", "600",
+             "--save_checkpoints_steps", "200", "--export", "none",
              "--model_dir", str(model_dir), *TRAIN]
     lines, permanent = [], []
 
@@ -282,7 +313,7 @@ def test_a_worker_recreated_alone_makes_every_task_exit_retryable_and_the_run_re
                      r"\d+ s \(after \d+ steps of this run\): a peer worker is gone .* exit code "
                      r"144 \(retryable\)", text, re.M), text
     assert "[launcher] chief:0 exited with code 144; restarting it" in text
-    assert "[chief:0] done: step 3000" in text
+    assert "[chief:0] done: step 600" in text
 
 
 def test_a_hook_that_holds_a_worker_after_its_step_is_not_a_lost_peer(tmp_path, monkeypatch):

@@ -16,10 +16,10 @@ def function(module, name):
 
 @pytest.mark.parametrize("module, name", [
     ("test_cli", "test_console_script_exit_code_and_no_traceback"),  # conftest.run_cli
-    ("test_cluster", "test_each_worker_reads_its_own_shard"),  # test_cluster.Run: a Popen
+    ("test_cluster", "test_each_worker_reads_its_own_shard"),  # support.Run: a Popen
     ("test_workflow", "test_progress_bar_on_a_terminal"),  # conftest.run_on_a_terminal: a pty
-    ("test_horovod", "test_sigterm_stops_every_rank"),  # launch() -> test_cluster.Run
-    ("test_sync_replicas", "test_it_trains_in_one_local_process_quietly"),  # test_model_code.cli
+    ("test_horovod", "test_sigterm_stops_every_rank"),  # launch() -> support.Run
+    ("test_sync_replicas", "test_it_trains_in_one_local_process_quietly"),  # support.Run
 ])
 def test_a_test_that_starts_a_process_is_a_process_test(module, name):
     assert spawns_processes(function(module, name))

@@ -3,8 +3,6 @@ seconds, progress output, report, seeded determinism; predict's CSV reading."""
 import json
 import os
 import re
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -20,8 +18,8 @@ from estimator_dist.serving import report
 from estimator_dist.training import plan as plan_lib
 from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
+from support import TESTS, environment, run_cli
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def train(model_dir, lines=None, **flags):
@@ -55,17 +53,13 @@ def test_early_stop_on_plateau_stops_before_target_and_evaluates_at_end(tmp_path
 
 def test_an_early_stop_exports_the_stopped_step_as_the_final_export(tmp_path):
     """--early_stop with the default --export final ended exit 0 with "exports": []."""
-    tests = os.path.join(REPO, "tests")
     summary_json = tmp_path / "summary.json"
     model_dir = tmp_path / "run"
     # No evaluation after the first improves by more than 100: a stop after 2 evaluations.
-    done = subprocess.run(
-        [sys.executable, "-m", "estimator_dist", "train", "--import", "guard_models", "--model",
-         "guard_mlp", "--model_dir", str(model_dir), "--train_steps", "100", "--eval_every", "2",
-         "--early_stop", "loss", "--patience", "1", "--min_delta", "100", "--export", "final",
-         "--summary_json", str(summary_json)],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": tests}, capture_output=True, text=True,
-        timeout=120)
+    done = run_cli("train", "--import", "guard_models", "--model", "guard_mlp", "--model_dir",
+                   model_dir, "--train_steps", "100", "--eval_every", "2", "--early_stop", "loss",
+                   "--patience", "1", "--min_delta", "100", "--export", "final", "--summary_json",
+                   summary_json, env=environment(TESTS), timeout=120)
     assert done.returncode == 0, done.stderr
     summary = json.loads(summary_json.read_text())
     step = summary["global_step"]

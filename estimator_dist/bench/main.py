@@ -135,15 +135,18 @@ def process_envs(case: Case):
         return [rendezvous.rank_env(r, iface) for r in range(case.workers)], rendezvous.stop
     from estimator_dist.launch import supervisor as launcher
 
-    if case.strategy == "ring":
-        ports = ",".join(str(p) for p in launcher.free_ports(case.workers))
-        return [{"BENCH_RING_PORTS": ports}] * case.workers, lambda: None
-    if not specs.spans_tf_config(case.strategy):
+    if not specs.spans_tf_config(case.strategy) and case.strategy != "ring":
         return [{}], lambda: None
+    ports = launcher.free_ports(case.workers)  # held until released (launch/ports.py)
 
+    def release():
+        launcher.release_ports(ports)
+
+    if case.strategy == "ring":
+        return [{"BENCH_RING_PORTS": ",".join(map(str, ports))}] * case.workers, release
     names = launcher.task_names(case.workers, 0, False)
-    configs = launcher.make_tf_configs(names, launcher.free_ports(len(names)))
-    return [{"TF_CONFIG": configs[name]} for name in names], lambda: None
+    configs = launcher.make_tf_configs(names, ports)
+    return [{"TF_CONFIG": configs[name]} for name in names], release
 
 
 def machine_line() -> str:

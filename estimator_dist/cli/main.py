@@ -5,6 +5,7 @@ import sys
 
 from estimator_dist import errors
 from estimator_dist import files
+from estimator_dist import timers
 from estimator_dist.cli.parser import (  # noqa: F401 - the parser's names, for callers of main
     PASS_THROUGH, TRAIN_FLAGS, Parser, build_parser, subcommand)
 
@@ -38,6 +39,7 @@ def main(argv=None) -> int:
     from estimator_dist.cli import commands
 
     try:
+        timers.check()
         return commands.run(args.command, args) or errors.EXIT_OK
     except (OSError, IndexError) as e:
         error = unguarded_os_error(e)

@@ -18,13 +18,15 @@ checkpoint.
 """
 import threading
 import time
+from typing import Optional
 
 import tensorflow as tf
 
+from estimator_dist import timers
 from estimator_dist.guards import preemption
 from estimator_dist.errors import EXIT_PEER_LOST, ReportedError, op_error_line
 
-PEER_STALL_MIN_S = 60.0
+PEER_STALL_MIN_S = 60.0  # timers.py: peer_stall_min_s
 # The first step waits for every peer to start (a pod may wait for its node or image).
 FIRST_STEP_LIMIT_S = 900.0
 STALL_FACTOR = 20
@@ -75,9 +77,10 @@ class StallHook(tf.compat.v1.train.SessionRunHook):
     MWMS worker exit 144 after 60 s.
     """
 
-    def __init__(self, model_dir: str, min_seconds: float = PEER_STALL_MIN_S, poll_s: float = 1.0):
+    def __init__(self, model_dir: str, min_seconds: Optional[float] = None, poll_s: float = 1.0):
         self._model_dir = model_dir
-        self._min = min_seconds
+        self._min = (timers.seconds("peer_stall_min_s", PEER_STALL_MIN_S) if min_seconds is None
+                     else min_seconds)
         self._poll = poll_s
         self._started = None  # monotonic time the step in flight started, None between steps
         self._first = None

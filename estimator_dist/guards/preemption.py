@@ -39,7 +39,7 @@ from estimator_dist.errors import (EXIT_INTERRUPTED, EXIT_PREEMPTED, OUTSIDE_THE
 CHECKPOINT_BASENAME = "model.ckpt"  # Estimator's CheckpointSaverHook name
 # A cluster chief's time from SIGTERM to exit, at most: under Kubernetes' default grace
 # period (30 s) before SIGKILL.
-PEER_DEADLINE_S = 20.0
+PEER_DEADLINE_S = 20.0  # timers.py: peer_deadline_s
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ from estimator_dist.guards import peers
 from estimator_dist.guards import preemption
 from estimator_dist.guards import preemption_vote
 from estimator_dist import quiet
+from estimator_dist import timers
 from estimator_dist.guards import storage
 from estimator_dist.errors import ReportedError, TrainingFailed, first_line, op_error_line
 from estimator_dist.training.roles import Role
@@ -185,7 +186,7 @@ class TrainingGuard:
         with self._deadline_lock:
             if self._deadline is None:
                 self._deadline = preemption.exit_by_deadline(
-                    preemption.PEER_DEADLINE_S, lambda: tf.train.latest_checkpoint(self.model_dir))
+                    timers.seconds("peer_deadline_s", preemption.PEER_DEADLINE_S), lambda: tf.train.latest_checkpoint(self.model_dir))
 
     def _stopped(self):
         """What a task that exits at once on SIGTERM says."""

@@ -13,7 +13,7 @@ from estimator_dist.errors import UserError
 from estimator_dist.launch import task_gpus
 from estimator_dist.launch.supervisor import (MAX_LOCAL_TASKS, Supervisor, Task, free_ports,
                                               install_signal_handlers, make_tf_configs,
-                                              task_names)
+                                              release_tasks_ports, task_names)
 
 # --launcher: TF_CONFIG tasks, or Horovod ranks (specs.HOROVOD)
 TF_CONFIG_LAUNCHER = "tf_config"
@@ -49,8 +49,9 @@ def check_shape(workers: int, ps: int, strategy: str):
 def build_tasks(train_args: List[str], workers: int, ps: int, evaluator: bool,
                 python: str = sys.executable, gpus: Optional[List[str]] = None,
                 evaluator_gpus: int = 0, chief_env: Optional[Dict[str, str]] = None) -> List[Task]:
-    """The tasks, each with its TF_CONFIG, port and GPUs (task_gpus.py; `gpus`: the ids to
-    hand out, default the machine's); the chief also gets chief_env."""
+    """The tasks, each with its TF_CONFIG, port (held until released: ports.py) and GPUs
+    (task_gpus.py; `gpus`: the ids to hand out, default the machine's); the chief also gets
+    chief_env."""
     names = task_names(workers, ps, evaluator)
     shares = task_gpus.assign(names, task_gpus.visible_gpus() if gpus is None else gpus,
                               _int_flag_in(train_args, "--num_devices"), evaluator_gpus)
@@ -108,7 +109,7 @@ def launch(train_args: List[str], workers: int, ps: int, evaluator: bool, max_re
     def fresh():
         return build_tasks(train_args, workers, ps, evaluator, evaluator_gpus=evaluator_gpus)
 
-    fresh()  # refuses a GPU split that cannot work before any task starts
+    release_tasks_ports(fresh())  # refuses a GPU split that cannot work before any task starts
 
     supervisor = Supervisor(fresh(), whole_restart=specs.restarts_whole_cluster(strategy),
                             max_restarts=max_restarts, startup_timeout=startup_timeout,
@@ -165,7 +166,8 @@ def launch_elastic(train_args: List[str], sizes: List[int], discovery: str, mode
                           max_restarts=max_restarts, startup_timeout=startup_timeout,
                           emit=emit, relaunch=fresh, watch=watch, drop_exhausted=True)
 
-    build_tasks(train_args, sizes[-1], ps, evaluator, evaluator_gpus=evaluator_gpus)
+    release_tasks_ports(build_tasks(train_args, sizes[-1], ps, evaluator,
+                                    evaluator_gpus=evaluator_gpus))
     return elastic.Elastic(discovery, sizes, model_dir, wait_timeout, make_supervisor,
                            emit).run()
 

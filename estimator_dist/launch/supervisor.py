@@ -29,32 +29,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
+from estimator_dist import timers
 from estimator_dist.errors import EXIT_NON_FINITE, EXIT_STORAGE, EXIT_USER
+from estimator_dist.launch.ports import LOOPBACK, free_ports, release_ports  # noqa: F401
 from estimator_dist.training import roles
 
-LOOPBACK = "127.0.0.1"
 EXIT_CLUSTER_FAILED = 3
 # SIGTERM to SIGKILL when the launcher stops a task: longer than a task that handles
 # SIGTERM takes to save and exit by itself (preemption.PEER_DEADLINE_S, 20 s).
-STOP_GRACE_SECONDS = 25.0
+STOP_GRACE_SECONDS = 25.0  # timers.py: stop_grace_s
 POLL_SECONDS = 0.2
 # A restart would only repeat these: a user error, a NaN/Inf step, a full disk.
 PERMANENT = (EXIT_USER, EXIT_NON_FINITE, EXIT_STORAGE)
 MAX_LOCAL_TASKS = 32  # processes of one local cluster (each holds a TensorFlow runtime)
-
-
-def free_ports(n: int) -> List[int]:
-    """n distinct free loopback ports (held open together so they differ, then released)."""
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((LOOPBACK, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def listening(port: int) -> bool:
@@ -205,7 +192,7 @@ class Supervisor:
         others = [t.process for t in alive if not t.does.serves_forever]
         for proc in others:
             proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        deadline = time.monotonic() + timers.seconds("stop_grace_s", STOP_GRACE_SECONDS)
         for proc in others:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
@@ -252,7 +239,9 @@ class Supervisor:
             self.say(f"{task.name} exited with code {code}; restarting the whole cluster from the "
                      f"last checkpoint (restart {self.restarts}/{self.max_restarts})")
             self.stop_all()
-            self.tasks = self.relaunch() if self.relaunch else self.tasks
+            if self.relaunch:  # fresh ports: the old ones are free again only now
+                stopped, self.tasks = self.tasks, self.relaunch()
+                release_tasks_ports(stopped)
             for t in self.tasks:
                 self.start(t)
         else:
@@ -302,6 +291,7 @@ class Supervisor:
             return self._run()
         finally:
             self.stop_all()
+            release_tasks_ports(self.tasks)
 
     def _run(self) -> int:
         for task in self.tasks:
@@ -345,6 +335,11 @@ class Supervisor:
             self.say(f"{signal.Signals(signum).name}; stopping every task")
             self.stop_all()
             return 128 + signum
+
+
+def release_tasks_ports(tasks: List[Task]):
+    """Stop holding the tasks' ports (ports.py): once the tasks are gone for good."""
+    release_ports([task.port for task in tasks if task.port])
 
 
 class ClusterFailed(Exception):

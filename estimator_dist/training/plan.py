@@ -197,6 +197,9 @@ def describe(p: Plan) -> str:
     if d.accumulate_steps > 1:
         batch += (f", {d.accumulate_steps} batches per update "
                   f"({p.global_batch * d.accumulate_steps} examples)")
+    if d.gradient_compression != "none":
+        batch += (f", gradients all-reduced in {d.gradient_compression} "
+                  f"(--gradient_compression; applied in float32)")
     where = p.role.where(f"{p.devices.count} {p.devices.kind}(s)")
     return (f"model {c.model} | input {p.input.name} | strategy {d.strategy} on {where} | "
             f"{batch} | model_dir {p.model_dir}")

@@ -75,13 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
                     type=or_leave_out("a directory", "MODEL_DIR/export/manual"))
     _add_common(ex)
 
-    pr = sub.add_parser("predict", help="run a SavedModel on a CSV or .npy file, write a CSV")
+    pr = sub.add_parser("predict", help="run a SavedModel on a CSV or .npy file or on images, "
+                                        "write a CSV")
     pr.add_argument("--saved_model", required=True,
                     type=nonempty_arg("give a SavedModel directory or a model_dir"),
                     help="a SavedModel directory (or a model_dir: its newest export)")
     pr.add_argument("--input", required=True, dest="input_path",
-                    type=nonempty_arg("give a .csv or .npy file"),
-                    help="a .csv (columns = features) or .npy (one feature)")
+                    type=nonempty_arg("give a .csv or .npy file, or image files"),
+                    help="a .csv (columns = features), a .npy (one feature), or a .jpg/.png "
+                         "file or a folder of them (a model trained on images)")
     pr.add_argument("--output", help="CSV to write (default: stdout)",
                     type=or_leave_out("a file path", "stdout"))
     pr.add_argument("--batch_size", type=int, default=256)

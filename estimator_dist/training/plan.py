@@ -60,7 +60,8 @@ class Plan:
         return {
             **input_params(c, self.per_replica_batch),
             **{k: v for k, v in self.input_meta.items()
-               if k not in ("serving_features", "plain_features", SERVING_INFERRED)},
+               if k not in ("serving_features", "plain_features", "image_files",
+                            SERVING_INFERRED)},
             "global_batch_size": self.global_batch,
             "num_replicas": self.replicas,
             # Exact data position (training/position.py): where the stream starts and

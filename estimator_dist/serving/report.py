@@ -130,9 +130,14 @@ def write(model_dir: str, output_dir: str = "") -> Tuple[str, str, str]:
     """Write report.csv and report.png; returns their paths and the summary text."""
     frame = load(model_dir)
     output_dir = output_dir or os.path.join(model_dir, "report")
+    created = files.missing_dirs(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     csv_path = os.path.join(output_dir, "report.csv")
-    files.write_file(csv_path, frame.to_csv)
     png_path = os.path.join(output_dir, "report.png")
-    plot(frame, png_path)
+    try:
+        files.write_file(csv_path, frame.to_csv)
+        plot(frame, png_path)
+    except BaseException:
+        files.remove_empty_dirs(created)  # a report.csv written before a failed plot stays
+        raise
     return csv_path, png_path, summary(frame)

@@ -118,7 +118,8 @@ def test_reader_nice_left_out_or_given_to_cifar_is_accepted(argv, tmp_path, caps
     """tfjob resolves and checks the whole train config (what every pod would refuse) without
     training: here it must pass."""
     code, out, err = run_main(["tfjob", "--image", "img", "--output", str(tmp_path / "job.yaml"),
-                               "--model_dir", "gs://bucket/r"] + argv, capsys)
+                               "--pvc", "runs", "--model_dir", "/mnt/estimator-dist/r"] + argv,
+                              capsys)
     assert (code, err) == (0, ""), err
     assert "wrote TFJob" in out
 

@@ -232,16 +232,32 @@ def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
     if start_step is not None and p.writes_run_files:
         out(f"resuming from the checkpoint at step {start_step} in {p.model_dir}")
     if p.writes_run_files:
-        save_run_files(p)
+        save_run_files(p, say=out)
         evaluator_lib.clear_end(p.model_dir)
     # A Horovod rank > 0 gets every variable from rank 0: no warm start of its own.
     warm_start = warm_start_settings(p) if p.role.warm_starts else None
     if warm_start and start_step is None and p.writes_run_files:
         out(f"warm-starting variables matching {config.train.warm_start_vars!r} from "
             f"{warm_start.ckpt_to_initialize_from}")
-    with scratch_dir(p) as scratch:
+    with scratch_dir(p) as scratch, shadow_dirs_removed(p):
         estimator = build_estimator(p, build_run_config(p, strategy, scratch), warm_start)
         return run_and_summarize(p, estimator, start_step, out, say, extra_hooks)
+
+
+@contextlib.contextmanager
+def shadow_dirs_removed(p: Plan):
+    """The copies TensorFlow makes a multi_worker_mirrored worker save under model_dir
+    (roles.Role.shadow_dir, e.g. 18 MB of tmp_worker_0 after a restart), removed when the
+    task starts (a killed run's) and ends."""
+    def remove():
+        names = os.listdir(p.model_dir) if os.path.isdir(p.model_dir) else []
+        storage.remove(os.path.join(p.model_dir, n) for n in p.role.shadow_dirs_to_remove(names))
+
+    remove()
+    try:
+        yield
+    finally:
+        remove()
 
 
 def check_trained(p: Plan, start_step: Optional[int]):

@@ -69,6 +69,9 @@ def expanded(flag: str, value: Optional[str], where: str = "") -> Optional[str]:
 
 
 def expand_args(args, flags):
-    """expanded() for each (dest, flag) of an argparse namespace, in place."""
+    """expanded() for each (dest, flag) of an argparse namespace (a value or a list of them,
+    for a repeated flag), in place."""
     for dest, flag in flags:
-        setattr(args, dest, expanded(flag, getattr(args, dest, None)))
+        value = getattr(args, dest, None)
+        setattr(args, dest, [expanded(flag, v) for v in value] if isinstance(value, list)
+                else expanded(flag, value))

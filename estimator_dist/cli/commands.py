@@ -248,8 +248,12 @@ def tfjob(args):
 
 def report(args):
     from estimator_dist.serving import report as report_lib
+    from estimator_dist.serving import report_compare
 
-    csv_path, png_path, text = report_lib.write(args.model_dir, args.output_dir)
+    if len(args.model_dir) > 1:  # runs side by side
+        csv_path, png_path, text = report_compare.write(args.model_dir, args.output_dir)
+    else:
+        csv_path, png_path, text = report_lib.write(args.model_dir[0], args.output_dir)
     print(text)
     print(f"wrote {csv_path} and {png_path}")
 
@@ -298,7 +302,7 @@ PATH_FLAGS = {
                ("export_dir", "--export_dir")),
     "predict": (("saved_model", "--saved_model"), ("input_path", "--input"),
                 ("output", "--output")),
-    "report": (("model_dir", "--model_dir"), ("output_dir", "--output_dir")),
+    "report": (("model_dir", "--model_dir"), ("output_dir", "--output_dir")),  # model_dir: a list
     "tfrecords": (("images", "--images"), ("output", "--output")),
     "bench": (("output_dir", "--output_dir"),),
     "cluster": (("discovery", "--discovery"),),

@@ -133,9 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     tj.add_argument("--output", help="file to write (default: stdout)",
                     type=or_leave_out("a file path", "stdout"))
 
-    rp = sub.add_parser("report", help="a model_dir's event files as a CSV, a PNG plot and a summary")
-    rp.add_argument("--model_dir", required=True, type=READ_MODEL_DIR)
-    rp.add_argument("--output_dir", help="where report.csv/.png go (default MODEL_DIR/report)",
+    rp = sub.add_parser("report", help="a model_dir's event files as a CSV, a PNG plot and a "
+                                       "summary; several model_dirs side by side")
+    rp.add_argument("--model_dir", required=True, type=READ_MODEL_DIR, action="append",
+                    help="a model_dir; repeat it to compare runs in one table and one plot")
+    rp.add_argument("--output_dir", help="where report.csv/.png go (default MODEL_DIR/report; "
+                                         "with several model_dirs ./report)",
                     type=or_leave_out("a directory", "MODEL_DIR/report"))
     _add_common(rp)
 

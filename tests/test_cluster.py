@@ -309,7 +309,8 @@ def tfjob_cli(tmp_path, *flags):
 ])
 def test_tfjob_refuses_a_name_the_operator_refuses(name, message, tmp_path):
     """The operator validates a TFJob's name as a DNS-1035 label: '1st-run' was written."""
-    proc, job = tfjob_cli(tmp_path, "--name", name, "--evaluator", "--model_dir", "gs://b/run")
+    proc, job = tfjob_cli(tmp_path, "--name", name, "--evaluator", "--pvc", "data",
+                          "--model_dir", "/mnt/estimator-dist/run")
     assert (proc.returncode, proc.stdout, job) == (2, "", None), proc.stderr
     assert proc.stderr.startswith(f"estimator-dist: error: {message}"), proc.stderr
     assert proc.stderr.count("\n") == 1

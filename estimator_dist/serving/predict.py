@@ -275,9 +275,14 @@ def check_features(features: Dict[str, np.ndarray], specs, path: str):
 
 
 def run(signature, features: Dict[str, np.ndarray], batch_size: int) -> Dict[str, np.ndarray]:
+    return run_batches(signature, slices(features, batch_size))
+
+
+def slices(features: Dict[str, np.ndarray], batch_size: int):
+    """The features batch_size examples at a time, in order."""
     n = len(next(iter(features.values())))
-    return run_batches(signature, ({k: v[start:start + batch_size] for k, v in features.items()}
-                                   for start in range(0, n, batch_size)))
+    return ({k: v[start:start + batch_size] for k, v in features.items()}
+            for start in range(0, n, batch_size))
 
 
 def run_batches(signature, batches) -> Dict[str, np.ndarray]:
@@ -339,9 +344,7 @@ def predict_file(saved_model: str, input_path: str, batch_size: int = 256,
                                                    input_specs(signature), input_path,
                                                    batch_size)
     else:
-        features = read_inputs(input_path, input_specs(signature), id_column)
-        batches = ({k: v[start:start + batch_size] for k, v in features.items()}
-                   for start in range(0, len(next(iter(features.values()))), batch_size))
+        batches = slices(read_inputs(input_path, input_specs(signature), id_column), batch_size)
     try:
         outputs = run_batches(signature, batches)
     except tf.errors.OpError as e:

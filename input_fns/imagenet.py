@@ -45,8 +45,11 @@ def prepare(params):
             raise UserError(f"--data_dir {data_dir}: no {split}-* TFRecord shards; write them "
                             f"with estimator-dist tfrecords --images DIR --output {data_dir}")
     zero_based = bool(params.get("zero_based_labels"))
+    shape = [size, size, preprocessing.CHANNELS]
     extra = {"num_classes": num_classes(data_dir, zero_based),
-             "serving_features": {"image": [[size, size, preprocessing.CHANNELS], "float32"]}}
+             "serving_features": {"image": [shape, "float32"]},
+             # predict --input photo.jpg: its eval crop and resize (serving/image_input.py)
+             "image_files": {"feature": "image", "preparation": "imagenet_eval", "shape": shape}}
     names = layout.read_labels(data_dir)
     if names:
         extra["label_vocabulary"] = names if zero_based else ["(none)"] + names

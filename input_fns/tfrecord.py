@@ -6,7 +6,8 @@ features). The spec comes from the model's hparam `record_features` (--set or a
 label: ..., num_classes: ...}); the label is --label_column, else features.yaml's
 `label`, else `label`. The same sharding by file, interleave and shuffle as imagenet;
 variable-length features are padded per batch; jpeg features are decoded and resized
-(no augmentation). The serving signature is the spec's features without the label.
+(no augmentation). The serving signature is the spec's features without the label; with
+labels.txt (labels 1..N, as `tfrecords` writes them) predictions name the classes.
 """
 import os
 
@@ -73,11 +74,17 @@ def prepare(params):
         if not layout.shard_files(data_dir, split):
             raise UserError(f"--data_dir {data_dir}: no {split}-* TFRecord shards")
     extra = {"serving_features": {name: f.serving for name, f in features.items()}}
+    images = [f for f in features.values() if f.dtype == "jpeg"]
+    if len(images) == 1:  # predict --input photo.jpg: decoded and resized as here
+        extra["image_files"] = {"feature": images[0].name, "preparation": "resize",
+                                "shape": list(images[0].shape)}
     names = layout.read_labels(data_dir)
     if from_file.get("num_classes"):
         extra["num_classes"] = int(from_file["num_classes"])
     elif names:  # written by estimator-dist tfrecords: labels 1..N
         extra["num_classes"] = len(names) + 1
+    if names and extra.get("num_classes") == len(names) + 1:  # predictions name the classes
+        extra["label_vocabulary"] = ["(none)"] + names
     return extra
 
 

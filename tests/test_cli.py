@@ -118,7 +118,8 @@ def test_reader_nice_left_out_or_given_to_cifar_is_accepted(argv, tmp_path, caps
     """tfjob resolves and checks the whole train config (what every pod would refuse) without
     training: here it must pass."""
     code, out, err = run_main(["tfjob", "--image", "img", "--output", str(tmp_path / "job.yaml"),
-                               "--model_dir", "gs://bucket/r"] + argv, capsys)
+                               "--pvc", "runs", "--model_dir", "/mnt/estimator-dist/r"] + argv,
+                              capsys)
     assert (code, err) == (0, ""), err
     assert "wrote TFJob" in out
 
@@ -446,7 +447,7 @@ def test_evaluate_that_fails_when_it_runs_is_one_line(tmp_path, monkeypatch, cap
 def test_tfjob_output_that_is_a_directory_names_it(tmp_path, capsys):
     """It named the internal 'DIR.tmp' file."""
     code, out, err = run_main(["tfjob", "--image", "img:1", "--workers", "2", "--strategy",
-                               "multi_worker_mirrored", "--model_dir", "gs://b/x",
+                               "multi_worker_mirrored", "--model_dir", "/mnt/estimator-dist/x",
                                "--output", str(tmp_path)], capsys)
     assert code == 2 and err == (f"estimator-dist: error: --output {tmp_path}: is a directory; "
                                  f"give a file path such as {tmp_path / 'tfjob.yaml'}\n"), err

@@ -100,3 +100,14 @@ def test_only_a_cluster_with_an_evaluator_task_evaluates_elsewhere():
     assert not ROLES["ps chief, no evaluator"].evaluated_elsewhere
     assert not ROLES["ps worker"].evaluated_elsewhere
     assert not ROLES["horovod rank 0"].evaluated_elsewhere and not ROLES["local"].evaluated_elsewhere
+
+
+def test_the_shadow_dirs_each_task_removes():
+    """TensorFlow makes a multi_worker_mirrored worker save its own copy into
+    model_dir/tmp_worker_N, which stayed (18 MB after a restart) and showed as a run."""
+    names = ["model.ckpt-0.index", "tmp_worker_0", "tmp_worker_1", "tmp_worker_2", "eval"]
+    assert ROLES["mwms worker"].shadow_dir == "tmp_worker_0"
+    assert ROLES["mwms worker"].shadow_dirs_to_remove(names) == ["tmp_worker_0"]
+    assert ROLES["mwms chief"].shadow_dirs_to_remove(names) == ["tmp_worker_1", "tmp_worker_2"]
+    for name in ("local", "ps worker", "ps chief, no evaluator", "evaluator", "horovod rank 1"):
+        assert ROLES[name].shadow_dir is None and ROLES[name].shadow_dirs_to_remove(names) == []

@@ -314,6 +314,8 @@ def test_a_worker_recreated_alone_makes_every_task_exit_retryable_and_the_run_re
                      r"144 \(retryable\)", text, re.M), text
     assert "[launcher] chief:0 exited with code 144; restarting it" in text
     assert "[chief:0] done: step 600" in text
+    # TensorFlow's copy of the worker's checkpoints and events (18 MB) showed as a run.
+    assert not (model_dir / "tmp_worker_0").exists(), os.listdir(model_dir)
 
 
 def test_a_hook_that_holds_a_worker_after_its_step_is_not_a_lost_peer(tmp_path, monkeypatch):

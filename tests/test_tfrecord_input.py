@@ -64,7 +64,9 @@ def test_prepare_gives_the_serving_signature_of_the_spec(data_dir):
     meta = INPUTS.get("tfrecord").prepare(params_for(data_dir))
     assert meta == {"serving_features": {"image": [[24, 24, 3], "float32"],
                                          "xmin": [[None], "float32"], "file": [[], "string"]},
-                    "num_classes": 4}
+                    "num_classes": 4, "label_vocabulary": ["(none)", "china", "flower", "noise"],
+                    "image_files": {"feature": "image", "preparation": "resize",
+                                    "shape": [24, 24, 3]}}
 
 
 def test_records_are_read_by_the_spec(data_dir):
@@ -106,7 +108,9 @@ def test_features_yaml_and_label_column(data_dir, tmp_path):
         "  y: {key: image/class/label, dtype: int64}\nlabel: y\nnum_classes: 3\n")
     params = {"data_dir": str(directory), "batch_size": 2, "seed": 1}
     meta = INPUTS.get("tfrecord").prepare(params)
-    assert meta == {"serving_features": {"pixels": [[16, 16, 3], "float32"]}, "num_classes": 3}
+    assert meta == {"serving_features": {"pixels": [[16, 16, 3], "float32"]}, "num_classes": 3,
+                    "image_files": {"feature": "pixels", "preparation": "resize",
+                                    "shape": [16, 16, 3]}}  # 3 classes: not labels.txt's 1..3
     with pytest.raises(UserError, match="label 'file' is not in the feature spec"):
         INPUTS.get("tfrecord").prepare(dict(params, label_column="file"))
 
@@ -137,3 +141,7 @@ def test_resnet_on_own_records_trains_and_serves_the_spec(data_dir, tmp_path):
     assert {k: (v.shape.as_list(), v.dtype.name) for k, v in inputs.items()} == {
         "image": ([None, 24, 24, 3], "float32"), "xmin": ([None, None], "float32"),
         "file": ([None], "string")}
+    # labels.txt names the classes (labels 1..3): predictions give them, as imagenet's do.
+    outputs = signature(image=tf.zeros([1, 24, 24, 3]), xmin=tf.zeros([1, 0]),
+                        file=tf.constant([""]))
+    assert outputs["classes"].numpy()[0].decode() in ("(none)", "china", "flower", "noise")

@@ -26,6 +26,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from estimator_dist import files
 from estimator_dist.bench import case_runner as bench_runner
 from estimator_dist.distribute import specs
 from estimator_dist.bench.plan import COMPUTE_FLAGS, Case, IMAGENET_PARTS, Options, PIPELINE_DRIVERS, PROCESS_STRATEGIES, QUICK_SETTINGS, SETTINGS, check_options, schedule
@@ -66,7 +67,9 @@ def write_cifar_files(directory: str, records: int = REAL_RECORDS_PER_FILE, seed
         n = records if name != cifar.TEST_FILE else max(1, records // 5)
         data = rng.randint(0, 256, size=(n, cifar.RECORD_BYTES)).astype(np.uint8)
         data[:, 0] = (np.arange(n) + i) % cifar.NUM_CLASSES
-        data.tofile(os.path.join(directory, name))
+        # Not data.tofile: its error on a full disk carries no errno ("N requested and 0
+        # written"), so it could not be told from a bug.
+        files.write_text(os.path.join(directory, name), data.tobytes())
     return directory
 
 
@@ -157,20 +160,14 @@ def machine_line() -> str:
             f"load average {load[0]:.2f}")
 
 
-def run(options: Options) -> int:
-    """Run every case, print the tables, write bench.csv, targets.csv, bench.json, bench.png."""
-    check_options(options)
-    rounds = schedule(options)  # an unknown --cases is refused before anything is written
-    say = options.emit
-    started = time.monotonic()
-    out = options.output_dir
-    work = os.path.join(out, "work")
+def write_data(options: Options, work: str):
+    """(cifar_dir, imagenet_dir or ''): the cases' data, written afresh under `work`."""
     shutil.rmtree(work, ignore_errors=True)
     for sub in ("model_dirs", "specs"):
         os.makedirs(os.path.join(work, sub), exist_ok=True)
-    shutil.rmtree(os.path.join(out, "logs"), ignore_errors=True)
-    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
-    settings = QUICK_SETTINGS if options.quick else SETTINGS
+    logs = os.path.join(os.path.dirname(work), "logs")
+    shutil.rmtree(logs, ignore_errors=True)
+    os.makedirs(logs, exist_ok=True)
     records = 64 if options.quick else REAL_RECORDS_PER_FILE
     cifar_dir = write_cifar_files(os.path.join(work, "cifar10"), records)
     imagenet_dir = ""
@@ -180,6 +177,25 @@ def run(options: Options) -> int:
         imagenet_dir = imagenet_data.write_records(
             os.path.join(work, "imagenet"),
             QUICK_IMAGENET_IMAGES if options.quick else IMAGENET_IMAGES)
+    return cifar_dir, imagenet_dir
+
+
+def run(options: Options) -> int:
+    """Run every case, print the tables, write bench.csv, targets.csv, bench.json, bench.png."""
+    check_options(options)
+    rounds = schedule(options)  # an unknown --cases is refused before anything is written
+    say = options.emit
+    started = time.monotonic()
+    out = options.output_dir
+    work = os.path.join(out, "work")
+    settings = QUICK_SETTINGS if options.quick else SETTINGS
+    created = files.missing_dirs(out)
+    try:  # a full disk: one line naming the file (files.write_file), no data left behind
+        cifar_dir, imagenet_dir = write_data(options, work)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        files.remove_empty_dirs([os.path.join(out, "logs")] + created)
+        raise
     total = sum(len(g) for r in rounds for g in r)
     say(f"bench: {total} case runs ({len(rounds)} round(s) of {total // len(rounds)}, in "
         f"{len(rounds[0])} interleaved group(s)) on "
@@ -211,10 +227,10 @@ def run(options: Options) -> int:
     say(format_table(rows, settings))
     say("")
     say(format_targets(targets))
-    write_csv(os.path.join(out, "bench.csv"), rows, settings)
-    write_targets_csv(os.path.join(out, "targets.csv"), targets)
-    with open(os.path.join(out, "bench.json"), "w", encoding="utf-8") as f:
-        json.dump({"options": {"quick": options.quick, "rounds": options.rounds,
+    files.write_file(os.path.join(out, "bench.csv"), lambda tmp: write_csv(tmp, rows, settings))
+    files.write_file(os.path.join(out, "targets.csv"),
+                     lambda tmp: write_targets_csv(tmp, targets))
+    files.write_text(os.path.join(out, "bench.json"), json.dumps({"options": {"quick": options.quick, "rounds": options.rounds,
                                "models": list(options.models),
                                "extra_args": list(options.extra_args)},
                    "settings": {m: vars(settings[m]) for m in options.models},
@@ -228,7 +244,7 @@ def run(options: Options) -> int:
                              "burst_cpu_ms_per_step": m.burst_cpu_ms_per_step,
                              "onednn": m.onednn, "wall_seconds": m.wall_seconds,
                              "error": m.error} for m in measurements],
-                   "targets": targets}, f, indent=2)
+                   "targets": targets}, indent=2))
     png = os.path.join(out, "bench.png")
     if os.path.exists(png):  # an earlier run's plot would pass for this one's
         os.remove(png)

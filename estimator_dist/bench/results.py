@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import numpy as np
+
+from estimator_dist import files
 from estimator_dist.bench.plan import BOUNDS, Case, GRADIENT_BYTES, MWMS_1, Options, QUICK_SETTINGS, SETTINGS, TARGETS, cases_for, selected_cases
 
 
@@ -307,6 +309,8 @@ def write_plot(path: str, rows: List[Row], settings, subtitle: str) -> bool:
         ax2.set_xlabel("seconds from process start to first step")
     fig.suptitle(f"estimator-dist bench: {subtitle}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        files.write_file(path, lambda tmp: fig.savefig(tmp, dpi=100), temp_suffix=".tmp.png")
+    finally:
+        plt.close(fig)
     return True

@@ -7,6 +7,7 @@ from estimator_dist.training import checkpoints
 from estimator_dist.training import config as config_lib
 from estimator_dist.serving import export as export_lib
 from estimator_dist import files
+from estimator_dist import paths
 from estimator_dist.guards import preemption
 from estimator_dist.training import user_code
 from estimator_dist.training import plan as plan_lib
@@ -111,10 +112,38 @@ def train_flags(args, default_strategy=None):
     train_ns, unknown = parser.parse_known_args(["train"] + train_args)  # bad values: exit 2
     if unknown:
         pass_through_parser(parser, args.command).unrecognized(unknown)  # exit 2
-    config = config_from_args(train_ns)
-    if args.command == "cluster":  # a TFJob's model_dir is on its pods' storage
+    # A TFJob's paths are its pods' (their own train expands ~ and $VARS); a local cluster's
+    # tasks get them expanded here, said once.
+    local = args.command == "cluster"
+    config = config_from_args(train_ns, expand_paths=local)
+    if local:
         checkpoints.check_same_model(plan_lib.default_model_dir(config), config.model)
+        train_args = with_expanded_paths(train_args, train_ns, config)
     return train_args, config
+
+
+def with_expanded_paths(train_args, train_ns, config) -> list:
+    """The tasks' train flags with --config and every path setting as `config` resolved them
+    (flags override the config file's values), so that no task expands or says it again."""
+    from estimator_dist.training.flags import PATH_FIELDS
+
+    changed = {"config": paths.expand("--config", train_ns.config)} if train_ns.config else {}
+    for section, name in PATH_FIELDS:
+        value = getattr(getattr(config, section), name)
+        if value:
+            changed[name] = value
+    kept = []
+    skip = False
+    for arg in train_args:
+        if skip:
+            skip = False
+            continue
+        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else None
+        if name in changed:
+            skip = "=" not in arg
+            continue
+        kept.append(arg)
+    return kept + [a for name, value in changed.items() for a in (f"--{name}", value)]
 
 
 def check_cluster(args, config, workers: int):
@@ -219,8 +248,12 @@ def tfjob(args):
 
 def report(args):
     from estimator_dist.serving import report as report_lib
+    from estimator_dist.serving import report_compare
 
-    csv_path, png_path, text = report_lib.write(args.model_dir, args.output_dir)
+    if len(args.model_dir) > 1:  # runs side by side
+        csv_path, png_path, text = report_compare.write(args.model_dir, args.output_dir)
+    else:
+        csv_path, png_path, text = report_lib.write(args.model_dir[0], args.output_dir)
     print(text)
     print(f"wrote {csv_path} and {png_path}")
 
@@ -260,8 +293,26 @@ IMPORT_FIRST = ("evaluate", "export", "predict", "report")
 STOPPED_BY_SIGTERM = ("evaluate", "export", "predict", "report", "tfjob", "tfrecords")
 
 
+# Each command's path flags (dest, flag): ~ and $VARS expanded and said, URLs refused
+# (paths.py). train's come from its config (training/flags.py), cluster's and tfjob's train
+# flags are handled in train_flags.
+PATH_FLAGS = {
+    "evaluate": (("model_dir", "--model_dir"), ("checkpoint", "--checkpoint")),
+    "export": (("model_dir", "--model_dir"), ("checkpoint", "--checkpoint"),
+               ("export_dir", "--export_dir")),
+    "predict": (("saved_model", "--saved_model"), ("input_path", "--input"),
+                ("output", "--output")),
+    "report": (("model_dir", "--model_dir"), ("output_dir", "--output_dir")),  # model_dir: a list
+    "tfrecords": (("images", "--images"), ("output", "--output")),
+    "bench": (("output_dir", "--output_dir"),),
+    "cluster": (("discovery", "--discovery"),),
+    "tfjob": (("output", "--output"),),
+}
+
+
 def run(name: str, args):
     storage.forbid_world_writable()
+    paths.expand_args(args, PATH_FLAGS.get(name, ()))
     if name in IMPORT_FIRST:
         user_code.import_user_modules(getattr(args, "imports", ()))
     if name not in STOPPED_BY_SIGTERM:

@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     try:
         timers.check()
         return commands.run(args.command, args) or errors.EXIT_OK
-    except (OSError, IndexError) as e:
+    except (OSError, IndexError, RuntimeError) as e:
         error = unguarded_os_error(e)
         if error is None:
             raise
@@ -56,7 +56,7 @@ def unguarded_os_error(e: BaseException):
     """A ReportedError for an OS error no check caught earlier, or None (a real bug: traceback).
 
     A full disk (IndexError: TensorFlow's OUT_OF_RANGE, e.g. a TensorBoard events file too
-    large) is a StorageError; a path that is a file where a directory is needed, a directory
+    large; RuntimeError: an events writer thread's error) is a StorageError; a path that is a file where a directory is needed, a directory
     where a file is, or under a missing directory is a UserError naming it.
     """
     if files.reason_in(e):

@@ -75,13 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
                     type=or_leave_out("a directory", "MODEL_DIR/export/manual"))
     _add_common(ex)
 
-    pr = sub.add_parser("predict", help="run a SavedModel on a CSV or .npy file, write a CSV")
+    pr = sub.add_parser("predict", help="run a SavedModel on a CSV or .npy file or on images, "
+                                        "write a CSV")
     pr.add_argument("--saved_model", required=True,
                     type=nonempty_arg("give a SavedModel directory or a model_dir"),
                     help="a SavedModel directory (or a model_dir: its newest export)")
     pr.add_argument("--input", required=True, dest="input_path",
-                    type=nonempty_arg("give a .csv or .npy file"),
-                    help="a .csv (columns = features) or .npy (one feature)")
+                    type=nonempty_arg("give a .csv or .npy file, or image files"),
+                    help="a .csv (columns = features), a .npy (one feature), or a .jpg/.png "
+                         "file or a folder of them (a model trained on images)")
     pr.add_argument("--output", help="CSV to write (default: stdout)",
                     type=or_leave_out("a file path", "stdout"))
     pr.add_argument("--batch_size", type=int, default=256)
@@ -131,9 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     tj.add_argument("--output", help="file to write (default: stdout)",
                     type=or_leave_out("a file path", "stdout"))
 
-    rp = sub.add_parser("report", help="a model_dir's event files as a CSV, a PNG plot and a summary")
-    rp.add_argument("--model_dir", required=True, type=READ_MODEL_DIR)
-    rp.add_argument("--output_dir", help="where report.csv/.png go (default MODEL_DIR/report)",
+    rp = sub.add_parser("report", help="a model_dir's event files as a CSV, a PNG plot and a "
+                                       "summary; several model_dirs side by side")
+    rp.add_argument("--model_dir", required=True, type=READ_MODEL_DIR, action="append",
+                    help="a model_dir; repeat it to compare runs in one table and one plot")
+    rp.add_argument("--output_dir", help="where report.csv/.png go (default MODEL_DIR/report; "
+                                         "with several model_dirs ./report)",
                     type=or_leave_out("a directory", "MODEL_DIR/report"))
     _add_common(rp)
 

@@ -17,28 +17,29 @@ from estimator_dist.errors import UserError
 LOCK_FILE = ".estimator-dist.lock"
 
 
-def is_local(model_dir: str) -> bool:
-    """flock works on local (and NFS) paths, not on gs://, s3://, hdfs:// ones."""
-    return "://" not in model_dir
-
-
 @contextlib.contextmanager
 def held(model_dir: str):
     """Hold model_dir's lock while inside; UserError naming the holder if another run has it."""
-    if not is_local(model_dir):
-        yield
-        return
     path = os.path.join(model_dir, LOCK_FILE)
+    created = files.missing_dirs(model_dir)
+    fd = None
     try:
         os.makedirs(model_dir, exist_ok=True)
         fd = _acquire(path, model_dir)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
     except OSError as e:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            os.close(fd)
+        files.remove_empty_dirs(created)
         if not files.reason_in(e):
             raise
-        raise files.storage_error(e, f"--model_dir {model_dir}: creating its lock file",
+        # os.write's error names no file (a full disk let the empty lock file be created).
+        named = e if e.filename else OSError(e.errno, e.strerror, path)
+        raise files.storage_error(named, f"--model_dir {model_dir}: creating its lock file",
                                   "nothing was written") from None
     try:
-        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
         yield
     finally:
         # Unlinked before the unlock: a run that opened this file meanwhile finds it gone

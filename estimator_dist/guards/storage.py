@@ -29,12 +29,21 @@ EXPORT_NAME = re.compile(r"^(temp-)?\d+$")  # exports, and leftovers of a killed
 def storage_reason(error: BaseException) -> Optional[str]:
     """The OS reason when `error` is a failed write (disk full, file too large, ...), else None.
 
-    TensorFlow raises OpErrors, or IndexError (an OUT_OF_RANGE status through
-    pybind) from a TensorBoard events writer's flush.
+    TensorFlow raises OpErrors, or from a TensorBoard events writer's flush an IndexError
+    (an OUT_OF_RANGE status through pybind) or a RuntimeError ("<file>; No space left on
+    device", its writer thread's error re-raised).
     """
-    if isinstance(error, (tf.errors.OpError, OSError, IndexError)):
+    if isinstance(error, (tf.errors.OpError, OSError, IndexError, RuntimeError)):
         return reason_in(error)
     return None
+
+
+def event_files(directory: str):
+    """The TensorBoard events files directly in `directory` (none if it does not exist)."""
+    if not os.path.isdir(directory):
+        return []
+    return [os.path.join(directory, n) for n in os.listdir(directory)
+            if n.startswith("events.out.tfevents.")]
 
 
 def guard_saver(saver, describe_kept):
@@ -130,6 +139,34 @@ def _undo_save(prefix: str, existed: bool, state: Optional[bytes]):
             os.remove(state_path)
         else:
             files.write_text(state_path, state)
+
+
+def trim_event_files(directories: Iterable[str]):
+    """Cut every TensorBoard events file in `directories` back to its last whole record.
+
+    A write that failed on a full disk leaves the record it was writing cut off, which
+    TensorBoard reports as a damaged file ("truncated record") from then on. Records are
+    TFRecord frames: an 8-byte length, its 4-byte CRC, the data, the data's 4-byte CRC.
+    """
+    for directory in directories:
+        for path in event_files(directory):
+            with contextlib.suppress(OSError):
+                whole = _whole_records_end(path)
+                if whole < os.path.getsize(path):
+                    os.truncate(path, whole)
+
+
+def _whole_records_end(path: str) -> int:
+    """The byte offset where the last whole record of a TFRecord file ends."""
+    size, end = os.path.getsize(path), 0
+    with open(path, "rb") as f:
+        while end + 12 <= size:
+            f.seek(end)
+            length = int.from_bytes(f.read(8), "little")
+            if end + 12 + length + 4 > size:
+                break
+            end += 12 + length + 4
+    return end
 
 
 def temp_entries(directories: Iterable[str]) -> Set[str]:

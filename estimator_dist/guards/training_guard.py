@@ -15,6 +15,7 @@
   (memory.py).
 """
 import contextlib
+import os
 import signal
 import threading
 from typing import List, Optional
@@ -30,7 +31,8 @@ from estimator_dist.guards import preemption_vote
 from estimator_dist import quiet
 from estimator_dist import timers
 from estimator_dist.guards import storage
-from estimator_dist.errors import ReportedError, TrainingFailed, first_line, op_error_line
+from estimator_dist.errors import (ReportedError, StorageError, TrainingFailed, first_line,
+                                   op_error_line)
 from estimator_dist.training.roles import Role
 
 
@@ -228,6 +230,9 @@ class TrainingGuard:
         if exc is None:
             return False
         storage.remove(storage.temp_entries(self._watched()) - self._before)
+        if isinstance(exc, StorageError) or storage.storage_reason(exc):
+            # a record cut off by the full disk, in the training or the evaluation events
+            storage.trim_event_files(self._watched() + [os.path.join(self.model_dir, "eval")])
         if isinstance(exc, ReportedError):
             return False
         if self.hook.stop_requested and isinstance(exc, tf.errors.OpError):

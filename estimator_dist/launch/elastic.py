@@ -46,7 +46,7 @@ def read_slots(path: str) -> int:
     """The worker slots `path` lists now (see the module's docstring)."""
     if os.path.isfile(path) and os.access(path, os.X_OK):
         try:
-            proc = subprocess.run([os.path.abspath(path)], capture_output=True, text=True,
+            proc = subprocess.run([os.path.abspath(path)], capture_output=True,
                                   timeout=DISCOVERY_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise BadDiscovery(f"{path} ran longer than {DISCOVERY_TIMEOUT_S:.0f} s") from None
@@ -54,11 +54,11 @@ def read_slots(path: str) -> int:
             raise BadDiscovery(f"{path} could not run: {e.strerror}") from None
         if proc.returncode != 0:
             raise BadDiscovery(f"{path} exited with code {proc.returncode}")
-        text = proc.stdout
+        text = _text(path, proc.stdout, "printed")
     else:
         try:
-            with open(path) as f:
-                text = f.read()
+            with open(path, "rb") as f:
+                text = _text(path, f.read(), "holds")
         except OSError as e:
             raise BadDiscovery(f"{path}: {e.strerror}") from None
     slots = 0
@@ -72,6 +72,16 @@ def read_slots(path: str) -> int:
                                f"(e.g. localhost:2)")
         slots += int(m.group(2)) if m.group(2) is not None else 1
     return slots
+
+
+def _text(path: str, data: bytes, how: str) -> str:
+    """The discovery output as text; bytes that are not UTF-8 are bad output like any other
+    (a UnicodeDecodeError ended the launcher, its tasks' saved step aside)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadDiscovery(f"{path} {how} bytes that are not UTF-8 text (byte {e.start}: "
+                           f"{data[e.start:e.start + 1]!r})") from None
 
 
 def size_for(slots: int, sizes: List[int]) -> int:

@@ -3,8 +3,8 @@
 The operator gives each replica its TF_CONFIG (every replica type in `cluster`,
 the task type lower-cased, "environment": "cloud"); estimator-dist reads it as is.
 A job of one replica in all gets no TF_CONFIG (training-operator release-1.9), so it
-runs as a one-machine run. `--model_dir` must be storage every replica sees (a PVC
-via --pvc, or a remote filesystem path).
+runs as a one-machine run. `--model_dir` must be storage every replica sees: a PVC
+via --pvc (a bucket too, mounted as a volume by its CSI driver).
 """
 import os
 import re
@@ -25,8 +25,6 @@ NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # DNS-1123 label
 # The job's name: the operator validates it as a DNS-1035 label (a letter first).
 JOB_NAME_RE = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 LABEL_MAX = 63
-# Paths TensorFlow's file system reaches from every pod alike.
-REMOTE_PREFIXES = ("gs://", "s3://", "hdfs://")
 # The strategy of a job of one replica: it gets no TF_CONFIG, so it runs on one machine.
 ONE_REPLICA_STRATEGY = specs.ONE_PROCESS_MULTI_DEVICE
 GPU_RESOURCE = "nvidia.com/gpu"  # NVIDIA's device plugin
@@ -183,34 +181,28 @@ def check_kubernetes_names(namespace: str, pvc: str, mount_path: str):
                         f"container, e.g. /mnt/estimator-dist")
 
 
-def is_remote(model_dir: str) -> bool:
-    return model_dir.startswith(REMOTE_PREFIXES)
-
-
 def check_shared_model_dir(model_dir: str, pvc: str, mount_path: str, replicas: int = 1):
-    """Every replica must write the same model_dir: on the --pvc volume or a remote path
-    (a pod-local model_dir is private to its pod: the evaluator never sees a checkpoint,
-    and they die with the pod); --mount_path needs --pvc."""
+    """Every replica must write the same model_dir: on the --pvc volume (a pod-local
+    model_dir is private to its pod: the evaluator never sees a checkpoint, and they die
+    with the pod); --mount_path needs --pvc. A storage URL was refused with the train
+    flags (paths.py): a bucket is mounted as a volume."""
     if not pvc and mount_path != DEFAULT_MOUNT_PATH:
         raise UserError(f"--mount_path {mount_path}: only --pvc is mounted there; add --pvc "
                         f"CLAIM or leave it out")
-    if is_remote(model_dir):
-        return
     if not pvc:
         if replicas > 1:
             shown = model_dir or "runs/MODEL (the default)"
             raise UserError(f"--model_dir {shown}: each of this job's {replicas} replicas runs in "
                             f"a pod of its own, where that path is private (the others never see "
                             f"its checkpoints); add --pvc CLAIM and a --model_dir under "
-                            f"--mount_path (e.g. {DEFAULT_MOUNT_PATH}/runs/my-run), or give a "
-                            f"{', '.join(REMOTE_PREFIXES)} --model_dir")
+                            f"--mount_path (e.g. {DEFAULT_MOUNT_PATH}/runs/my-run)")
         return
     root = mount_path.rstrip("/") + "/"
     if not model_dir or not os.path.normpath(model_dir).startswith(root):
         shown = model_dir or "(default runs/MODEL, inside the container)"
         raise UserError(f"--model_dir {shown}: with --pvc {pvc} it must be under --mount_path "
                         f"{mount_path}, where every replica sees it, e.g. "
-                        f"{root}runs/my-run (or a {', '.join(REMOTE_PREFIXES)} path)")
+                        f"{root}runs/my-run")
 
 
 def _strategy(train_args: List[str]) -> str:

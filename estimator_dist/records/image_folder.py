@@ -181,11 +181,15 @@ def write_records(images_dir: str, output_dir: str, shards: int = 4,
         final.append(os.path.join(output_dir, layout.LABELS_FILE))
         with open(labels_temp, "w") as f:
             f.writelines(f"{name}\n" for name, _ in classes)
-    except BaseException:
+    except BaseException as e:
         for temp in temps:
             if os.path.exists(temp):
                 os.remove(temp)
         files.remove_empty_dirs(created)
+        if isinstance(e, (tf.errors.OpError, OSError)) and files.reason_in(e):
+            raise files.storage_error(e, f"writing records into {output_dir}",
+                                      "the partial shards were removed, nothing was "
+                                      "written") from None
         raise
     for temp, path in zip(temps, final):
         os.replace(temp, path)

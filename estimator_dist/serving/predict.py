@@ -1,5 +1,5 @@
-"""Run a SavedModel's serving_default signature on a CSV or .npy file; results as a DataFrame,
-one row per input row, in input order."""
+"""Run a SavedModel's serving_default signature on a CSV or .npy file, or on image files
+(image_input.py); results as a DataFrame, one row per input row or image, in input order."""
 import os
 import re
 from typing import Dict
@@ -9,6 +9,7 @@ import pandas as pd
 import tensorflow as tf
 
 from estimator_dist.serving import csv_rows
+from estimator_dist.serving import image_input
 from estimator_dist.serving import export as export_lib
 from estimator_dist import errors
 from estimator_dist import files
@@ -274,11 +275,22 @@ def check_features(features: Dict[str, np.ndarray], specs, path: str):
 
 
 def run(signature, features: Dict[str, np.ndarray], batch_size: int) -> Dict[str, np.ndarray]:
+    return run_batches(signature, slices(features, batch_size))
+
+
+def slices(features: Dict[str, np.ndarray], batch_size: int):
+    """The features batch_size examples at a time, in order."""
     n = len(next(iter(features.values())))
+    return ({k: v[start:start + batch_size] for k, v in features.items()}
+            for start in range(0, n, batch_size))
+
+
+def run_batches(signature, batches) -> Dict[str, np.ndarray]:
+    """The signature's outputs for every batch ({feature: array}), concatenated in order."""
     chunks = []
-    for start in range(0, n, batch_size):
-        batch = {k: tf.constant(v[start:start + batch_size]) for k, v in features.items()}
-        chunks.append({k: t.numpy() for k, t in signature(**batch).items()})
+    for batch in batches:
+        outputs = signature(**{k: tf.constant(v) for k, v in batch.items()})
+        chunks.append({k: t.numpy() for k, t in outputs.items()})
     return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]} if chunks else {}
 
 
@@ -323,14 +335,25 @@ def predict_file(saved_model: str, input_path: str, batch_size: int = 256,
         raise UserError(f"--batch_size {batch_size}: must be > 0")
     path = find_saved_model(saved_model)
     _, signature = load_signature(path)
-    features = read_inputs(input_path, input_specs(signature), id_column)
+    images = image_input.is_image_input(input_path)
+    if images:  # JPEG/PNG files or a folder: prepared as the model's input prepared its images
+        if id_column:
+            raise UserError(f"--id_column {id_column}: image files have no columns; the first "
+                            f"output column names each file")
+        names, batches = image_input.image_batches(path, model_dir_of(path),
+                                                   input_specs(signature), input_path,
+                                                   batch_size)
+    else:
+        batches = slices(read_inputs(input_path, input_specs(signature), id_column), batch_size)
     try:
-        outputs = run(signature, features, batch_size)
+        outputs = run_batches(signature, batches)
     except tf.errors.OpError as e:
         raise UserError(f"SavedModel {path} failed on --input {input_path}: {errors.op_error_line(e)}; if its "
                         f"graph does not match its variables, re-export it with estimator-dist "
                         f"export --model_dir {model_dir_of(path)}") from None
     frame = to_frame(outputs)
+    if images:
+        frame.insert(0, image_input.FILE_COLUMN, names)
     if id_column:
         frame.insert(0, id_column, read_ids(input_path, id_column))
     return frame

@@ -70,8 +70,8 @@ def load(model_dir: str) -> pd.DataFrame:
     return frame
 
 
-def plot(frame: pd.DataFrame, path: str):
-    fig = figure(frame)  # sets the Agg backend before pyplot is imported
+def plot(frame: pd.DataFrame, path: str, metric_of=lambda column: column):
+    fig = figure(frame, metric_of)  # sets the Agg backend before pyplot is imported
     import matplotlib.pyplot as plt
 
     try:
@@ -80,18 +80,28 @@ def plot(frame: pd.DataFrame, path: str):
         plt.close(fig)
 
 
-def figure(frame: pd.DataFrame):
-    """The report's figure: losses (log scale when all positive), eval metrics, throughput."""
+def figure(frame: pd.DataFrame, metric_of=lambda column: column):
+    """The report's figure: losses (log scale when all positive), eval metrics, throughput.
+
+    metric_of(column): the metric a column holds (a comparison's columns are 'loss (run)'),
+    which decides its panel; the column is its line's label.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    losses = [c for c in frame.columns if c.endswith("loss") or c.startswith("tower_loss")]
-    metrics = [c for c in frame.columns if c.startswith(EVAL_PREFIX) and c not in losses]
-    rates = [c for c in frame.columns if "per_sec" in c or c.endswith("/sec")]
-    panels = [(title, cols) for title, cols in
-              (("loss", losses), ("eval metrics", metrics), ("throughput", rates)) if cols]
+    def panel(column):
+        metric = metric_of(column)
+        if metric.endswith("loss") or metric.startswith("tower_loss"):
+            return "loss"
+        if metric.startswith(EVAL_PREFIX):
+            return "eval metrics"
+        return "throughput" if "per_sec" in metric or metric.endswith("/sec") else None
+
+    panels = [(title, [c for c in frame.columns if panel(c) == title])
+              for title in ("loss", "eval metrics", "throughput")]
+    panels = [(title, cols) for title, cols in panels if cols]
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3 * len(panels)), squeeze=False)
     for ax, (title, cols) in zip(axes[:, 0], panels):
         for col in cols:
@@ -129,10 +139,21 @@ def summary(frame: pd.DataFrame) -> str:
 def write(model_dir: str, output_dir: str = "") -> Tuple[str, str, str]:
     """Write report.csv and report.png; returns their paths and the summary text."""
     frame = load(model_dir)
-    output_dir = output_dir or os.path.join(model_dir, "report")
+    return write_frame(frame, output_dir or os.path.join(model_dir, "report"), summary(frame))
+
+
+def write_frame(frame: pd.DataFrame, output_dir: str, text: str,
+                metric_of=lambda column: column) -> Tuple[str, str, str]:
+    """report.csv and report.png of `frame` in output_dir (created, and removed again when the
+    write fails); returns their paths and `text`."""
+    created = files.missing_dirs(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     csv_path = os.path.join(output_dir, "report.csv")
-    files.write_file(csv_path, frame.to_csv)
     png_path = os.path.join(output_dir, "report.png")
-    plot(frame, png_path)
-    return csv_path, png_path, summary(frame)
+    try:
+        files.write_file(csv_path, frame.to_csv)
+        plot(frame, png_path, metric_of)
+    except BaseException:
+        files.remove_empty_dirs(created)  # a report.csv written before a failed plot stays
+        raise
+    return csv_path, png_path, text

@@ -11,6 +11,7 @@ import inspect
 import os
 import re
 import shutil
+import sys
 from typing import Callable, Dict, List, Mapping, Optional
 
 import tensorflow as tf
@@ -58,17 +59,29 @@ def step_of(prefix: str) -> int:
 
 
 def _state_checkpoint(model_dir: str):
-    """(state file usable, the checkpoint it names if that checkpoint exists)."""
+    """(what the state file names, or None when it is unusable; that checkpoint if it
+    exists, else None)."""
     try:
         state = tf.train.get_checkpoint_state(model_dir)
     except Exception:  # noqa: BLE001 - an empty file is a ValueError, others a ParseError
-        return False, None
+        return None, None
     if state is None or not state.model_checkpoint_path:
-        return False, None
+        return None, None
     # get_checkpoint_state already joins a relative path with model_dir; joining it again
     # named runs/d/runs/d/model.ckpt-N under a relative --model_dir.
     path = state.model_checkpoint_path
-    return True, path if tf.compat.v1.train.checkpoint_exists(path) else None
+    return path, path if tf.compat.v1.train.checkpoint_exists(path) else None
+
+
+def _dangling(path: str) -> str:
+    """How the state file's checkpoint `path` is missing: its .index only, or altogether."""
+    directory, name = os.path.split(path)
+    others = [n for n in (os.listdir(directory or ".") if os.path.isdir(directory or ".") else [])
+              if n.startswith(name + ".")]
+    if others:
+        return (f"naming {name}, which is incomplete ({name}.index is missing, "
+                f"{len(others)} other file(s) of it are there)")
+    return f"naming {name}, which does not exist"
 
 
 def find_latest(model_dir: str):
@@ -80,10 +93,10 @@ def find_latest(model_dir: str):
     state_path = os.path.join(model_dir, STATE_FILE)
     present = complete_checkpoints(model_dir)
     if os.path.exists(state_path):
-        usable, latest = _state_checkpoint(model_dir)
+        named, latest = _state_checkpoint(model_dir)
         if latest:
             return latest, None
-        problem = "unreadable or empty" if not usable else "naming a checkpoint that does not exist"
+        problem = "unreadable or empty" if not named else _dangling(named)
         if not present:
             raise UserError(f"{state_path} is {problem} and {model_dir} holds no complete "
                             f"model.ckpt-N files to recover from; restore the checkpoint files, "
@@ -340,11 +353,24 @@ def check_restore(prefix: str, model_dir: str, variables: Optional[Variables] = 
     return prefix
 
 
-def latest_readable(model_dir: str, variables: Optional[Variables] = None) -> Optional[str]:
+def latest_readable(model_dir: str, variables: Optional[Variables] = None,
+                    say=None) -> Optional[str]:
     """For evaluate/export: the latest checkpoint, checked (check_restore); None if there is none.
 
     Read-only: an unusable state file is worked around (the newest complete
-    model.ckpt-N is used), never rewritten.
+    model.ckpt-N is used), never rewritten, and said (`say`, default stderr: evaluate
+    prints its metrics on stdout): with a deleted .index it used an older checkpoint
+    without a word.
     """
-    latest, _ = find_latest(model_dir)
-    return check_restore(latest, model_dir, variables) if latest is not None else None
+    latest, problem = find_latest(model_dir)
+    if latest is None:
+        return None
+    checked = check_restore(latest, model_dir, variables)
+    if problem:
+        (say or _note)(f"{problem}; using {os.path.basename(latest)}, the newest complete "
+                       f"checkpoint present")
+    return checked
+
+
+def _note(text: str):
+    print(f"estimator-dist: {text}", file=sys.stderr)

@@ -22,7 +22,7 @@ from estimator_dist.training.config_schema import (  # noqa: F401 - re-exported
     MAX_READER_NICE, MAX_SEED, NO_READER_NICE, NO_SEED, SECTIONS, TOP_LEVEL, ComputeConfig,
     Config, DataConfig, DistributeConfig, TrainConfig, field_types, flag_names)
 from estimator_dist.training.config_yaml import (  # noqa: F401 - re-exported
-    CONFIG_FILE, load_saved, load_yaml, save)
+    CONFIG_FILE, load_saved, load_yaml, save, unreadable_saved)
 
 EXPORT_MODES = ("latest", "best", "final", "none")
 VARIABLE_DEVICES = ("auto", "cpu", "device0")
@@ -329,7 +329,8 @@ def _validate_workflow(t: "TrainConfig"):
         raise UserError(f"--patience {t.patience}: must be >= 1 (evaluations without improvement)")
     if t.min_delta < 0:
         raise UserError(f"--min_delta {t.min_delta}: must be >= 0")
-    if t.warm_start_from and not os.path.exists(t.warm_start_from) and \
+    if t.warm_start_from and not _elsewhere(t.warm_start_from) and \
+            not os.path.exists(t.warm_start_from) and \
             not os.path.exists(t.warm_start_from + ".index"):
         raise UserError(f"--warm_start_from {t.warm_start_from}: no such checkpoint or directory")
     import re
@@ -341,14 +342,20 @@ def _validate_workflow(t: "TrainConfig"):
                         f"({e})") from None
 
 
+def _elsewhere(path: str) -> bool:
+    """A path still holding ~ or $VARS here is another machine's (a TFJob's pods expand it;
+    every local command has expanded it, paths.py): not checked on this one."""
+    return path.startswith("~") or "$" in path
+
+
 def _validate_paths(t: "TrainConfig"):
     """--model_dir must be (or can become) a directory, --summary_json a file in one."""
-    if t.model_dir:
+    if t.model_dir and not _elsewhere(t.model_dir):
         blocker = _existing_ancestor(t.model_dir)
         if not os.path.isdir(blocker):
             raise UserError(f"--model_dir {t.model_dir}: {blocker} is a file, not a directory; "
                             f"give a directory path (it is created if missing)")
-    if t.summary_json:
+    if t.summary_json and not _elsewhere(t.summary_json):
         files.check_output_file("--summary_json", t.summary_json, "summary.json")
 
 

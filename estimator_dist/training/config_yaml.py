@@ -80,6 +80,21 @@ def save(config, model_dir: str, extra: Optional[Mapping[str, Any]] = None):
     return path
 
 
+def unreadable_saved(model_dir: str) -> Optional[str]:
+    """Why model_dir's config.yaml is no run's config (unreadable, not YAML, no model named),
+    or None (it is one, or there is none)."""
+    path = os.path.join(model_dir, CONFIG_FILE)
+    if not os.path.lexists(path):
+        return None
+    try:
+        data = load_yaml(path)
+    except (UserError, OSError) as e:
+        return str(e)
+    if not isinstance(data.get("model"), str):
+        return f"config file '{path}' names no model"
+    return None
+
+
 def load_saved(model_dir: str) -> Dict[str, Any]:
     """The config a training run saved into model_dir."""
     path = os.path.join(model_dir, CONFIG_FILE)

@@ -7,11 +7,13 @@ prints README's `train` flags table (tests/test_flags.py checks README against i
 Imports no TensorFlow: the CLI parses its arguments before TensorFlow is loaded.
 """
 import argparse
+import dataclasses
 import difflib
 import sys
 from dataclasses import fields
 from typing import List, Sequence, Tuple
 
+from estimator_dist import paths
 from estimator_dist.errors import UserError
 from estimator_dist.training import config as config_lib
 from estimator_dist.training.config_schema import SECTIONS, FlagDoc, flag_doc
@@ -127,21 +129,49 @@ def parse_train_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def config_from_args(args: argparse.Namespace) -> config_lib.Config:
-    """Config file + flags + --set, strictly, after registering built-ins and --import modules."""
+# The config fields that are paths (~ and $VARS expanded, URLs refused: paths.py).
+PATH_FIELDS = (("data", "data_dir"), ("data", "data_path"), ("train", "model_dir"),
+               ("train", "summary_json"), ("train", "warm_start_from"))
+
+
+def config_from_args(args: argparse.Namespace, expand_paths: bool = True) -> config_lib.Config:
+    """Config file + flags + --set, strictly, after registering built-ins and --import modules.
+
+    expand_paths: ~ and $VARS in --config and the path settings are expanded (and said);
+    False for paths that are another machine's (a TFJob's pods): kept as given. Storage URLs
+    are refused either way.
+    """
     from estimator_dist.training import user_code  # TensorFlow: only once a run is built
     from estimator_dist.training.registry import MODELS
 
     user_code.load_builtins()
-    file_data = config_lib.load_yaml(args.config) if args.config else {}
+    config_path = paths.expanded("--config", args.config) if expand_paths else args.config
+    file_data = config_lib.load_yaml(config_path) if config_path else {}
     config_lib.check_top_level(file_data)
     imports = tuple(file_data.get("imports") or ()) + tuple(args.imports)
     user_code.import_user_modules(imports)
     model = args.model or file_data.get("model") or "digits"
     entry = MODELS.get(model)
     flags = {name: getattr(args, name) for name in TRAIN_FLAGS}
-    return config_lib.build_config(model, file_data, flags, entry.run_defaults, entry.hparams,
-                                   tuple(args.overrides), imports)
+    config = config_lib.build_config(model, file_data, flags, entry.run_defaults, entry.hparams,
+                                     tuple(args.overrides), imports)
+    return with_paths_expanded(config, flags, config_path, expand_paths)
+
+
+def with_paths_expanded(config: config_lib.Config, flags, config_path: str,
+                        expand_paths: bool = True) -> config_lib.Config:
+    """config with its PATH_FIELDS expanded (a value from the config file said as such)."""
+    for section, name in PATH_FIELDS:
+        part = getattr(config, section)
+        value = getattr(part, name)
+        if not expand_paths:
+            paths.check_not_url(f"--{name}", value)
+            continue
+        where = "" if flags.get(name) is not None else f"config file {config_path}: "
+        new = paths.expanded(f"--{name}", value, where)
+        if new != value:
+            config = dataclasses.replace(config, **{section: dataclasses.replace(part, **{name: new})})
+    return config
 
 
 def config_from_argv(argv: Sequence[str]) -> config_lib.Config:

@@ -60,7 +60,8 @@ class Plan:
         return {
             **input_params(c, self.per_replica_batch),
             **{k: v for k, v in self.input_meta.items()
-               if k not in ("serving_features", "plain_features", SERVING_INFERRED)},
+               if k not in ("serving_features", "plain_features", "image_files",
+                            SERVING_INFERRED)},
             "global_batch_size": self.global_batch,
             "num_replicas": self.replicas,
             # Exact data position (training/position.py): where the stream starts and
@@ -197,6 +198,9 @@ def describe(p: Plan) -> str:
     if d.accumulate_steps > 1:
         batch += (f", {d.accumulate_steps} batches per update "
                   f"({p.global_batch * d.accumulate_steps} examples)")
+    if d.gradient_compression != "none":
+        batch += (f", gradients all-reduced in {d.gradient_compression} "
+                  f"(--gradient_compression; applied in float32)")
     where = p.role.where(f"{p.devices.count} {p.devices.kind}(s)")
     return (f"model {c.model} | input {p.input.name} | strategy {d.strategy} on {where} | "
             f"{batch} | model_dir {p.model_dir}")

@@ -15,8 +15,9 @@ Horovod ranks. The kinds:
 
 Imports no TensorFlow: the launcher's task kinds come from here too (TASK_KINDS).
 """
+import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from estimator_dist.distribute.specs import StrategySpec, spec
 from estimator_dist.distribute.tf_config import ClusterSpec
@@ -284,6 +285,26 @@ class Role:
     @property
     def writes_checkpoints(self) -> bool:
         return self.kind in (LOCAL, CHIEF)
+
+    @property
+    def shadow_dir(self) -> Optional[str]:
+        """Where TensorFlow makes this task save its own copy of every checkpoint and summary,
+        under model_dir: a multi_worker_mirrored worker other than the chief runs the
+        collective save ops too (MonitoredTrainingSession's 'tmp_worker_N'); None elsewhere."""
+        if self.kind == WORKER and self.cluster and self.strategy.every_worker_saves:
+            return f"tmp_{self.cluster.task_type}_{self.cluster.task_index}"
+        return None
+
+    def shadow_dirs_to_remove(self, names: List[str]) -> List[str]:
+        """Of model_dir's entries `names`, the shadow dirs this task removes (at its start and
+        its end): a worker its own; the chief those of workers its cluster no longer has (a
+        larger cluster's). They are no run of their own, and TensorBoard showed them as one."""
+        if self.shadow_dir:
+            return [self.shadow_dir] if self.shadow_dir in names else []
+        if self.kind != CHIEF or not self.cluster or not self.strategy.every_worker_saves:
+            return []
+        ours = {f"tmp_worker_{i}" for i in range(self.cluster.num_workers - 1)}
+        return [n for n in names if re.fullmatch(r"tmp_worker_\d+", n) and n not in ours]
 
     @property
     def writes_exports(self) -> bool:

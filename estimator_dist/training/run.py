@@ -23,11 +23,12 @@ from estimator_dist.distribute import horovod_train
 from estimator_dist.guards import model_dir_lock
 from estimator_dist.graph import precision
 from estimator_dist.guards import preemption
+from estimator_dist import files
 from estimator_dist import quiet
 from estimator_dist.guards import storage
 from estimator_dist.distribute import strategies
-from estimator_dist.errors import (Interrupted, OutOfMemory, Preempted, TrainingFailed,
-                                   UntrainableTrainOp, UserError, op_error_line)
+from estimator_dist.errors import (Interrupted, OutOfMemory, Preempted, StorageError,
+                                   TrainingFailed, UntrainableTrainOp, UserError, op_error_line)
 from estimator_dist.training import roles
 from estimator_dist.training.hooks import ProgressHook, TrainOpCheckHook, note_stop, step_file_hooks
 from estimator_dist.training.estimator import build_estimator, build_model_fn, build_run_config, make_input_fn, single_device_estimator
@@ -199,7 +200,7 @@ def train(config: config_lib.Config, out=print, extra_hooks=()) -> Dict[str, Any
     except (Preempted, Interrupted) as e:
         note_stop(e.step)
         raise
-    except (UserError, OutOfMemory) as e:
+    except (UserError, OutOfMemory, StorageError) as e:
         steps = checkpoints_lib.complete_checkpoints(p.model_dir)
         untrained = not steps or (isinstance(e, UntrainableTrainOp) and set(steps) == {0})
         if created and os.path.isdir(p.model_dir) and untrained:
@@ -247,16 +248,32 @@ def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
     if start_step is not None and p.writes_run_files:
         out(f"resuming from the checkpoint at step {start_step} in {p.model_dir}")
     if p.writes_run_files:
-        save_run_files(p)
+        save_run_files(p, say=out)
         evaluator_lib.clear_end(p.model_dir)
     # A Horovod rank > 0 gets every variable from rank 0: no warm start of its own.
     warm_start = warm_start_settings(p) if p.role.warm_starts else None
     if warm_start and start_step is None and p.writes_run_files:
         out(f"warm-starting variables matching {config.train.warm_start_vars!r} from "
             f"{warm_start.ckpt_to_initialize_from}")
-    with scratch_dir(p) as scratch:
+    with scratch_dir(p) as scratch, shadow_dirs_removed(p):
         estimator = build_estimator(p, build_run_config(p, strategy, scratch), warm_start)
         return run_and_summarize(p, estimator, start_step, out, say, extra_hooks)
+
+
+@contextlib.contextmanager
+def shadow_dirs_removed(p: Plan):
+    """The copies TensorFlow makes a multi_worker_mirrored worker save under model_dir
+    (roles.Role.shadow_dir, e.g. 18 MB of tmp_worker_0 after a restart), removed when the
+    task starts (a killed run's) and ends."""
+    def remove():
+        names = os.listdir(p.model_dir) if os.path.isdir(p.model_dir) else []
+        storage.remove(os.path.join(p.model_dir, n) for n in p.role.shadow_dirs_to_remove(names))
+
+    remove()
+    try:
+        yield
+    finally:
+        remove()
 
 
 def check_trained(p: Plan, start_step: Optional[int]):
@@ -378,14 +395,22 @@ def evaluate(config: config_lib.Config, checkpoint: str = "") -> Dict[str, Any]:
     p = plan(config)
     path = restorable_checkpoint(p, checkpoint)
     estimator = single_device_estimator(p)
+    eval_dir = estimator.eval_dir("cli")
+    created, before = files.missing_dirs(eval_dir), set(storage.event_files(eval_dir))
     try:
         metrics = estimator.evaluate(make_input_fn(p, tf.estimator.ModeKeys.EVAL),
                                      steps=config.train.eval_steps or None, checkpoint_path=path,
                                      name="cli")
-    except tf.errors.OpError as e:
+    except (tf.errors.OpError, RuntimeError, IndexError) as e:
         if storage.storage_reason(e):  # its metrics go to model_dir/eval_cli: not the labels
+            # The events file its writer began (0 bytes on a full disk) holds no result.
+            storage.remove(set(storage.event_files(eval_dir)) - before)
+            files.remove_empty_dirs(created)
             raise storage.storage_error(e, f"evaluating {path} (writing its metrics)",
-                                        "the checkpoints are unchanged") from None
+                                        "the checkpoints are unchanged; no partial events file "
+                                        "was left") from None
+        if not isinstance(e, tf.errors.OpError):
+            raise
         if not quiet.is_quiet():
             raise
         raise TrainingFailed(f"evaluating {path} failed: {op_error_line(e)} "

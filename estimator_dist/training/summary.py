@@ -16,8 +16,12 @@ def checkpoint_step(model_dir: str) -> Optional[int]:
     return int(latest.rsplit("-", 1)[1]) if latest else None
 
 
-def save_run_files(p: Plan):
-    """Write the resolved config into model_dir (the chief's job)."""
+def save_run_files(p: Plan, say=None):
+    """Write the resolved config into model_dir (the chief's job); a config.yaml there that
+    is no run's config is replaced, and `say` says so (it was replaced silently)."""
+    problem = config_lib.unreadable_saved(p.model_dir)
+    if problem and say:
+        say(f"note: {problem}; replaced it with this run's config")
     os.makedirs(p.model_dir, exist_ok=True)
     config_lib.save(p.config, p.model_dir, extra={
         "input": p.input.name,

@@ -19,6 +19,24 @@ from estimator_dist.errors import UserError
 URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 VARIABLE = re.compile(r"\$(?:(\w+)|\{([^}]*)\})")
 MOUNTS = {"s3": "mountpoint-s3 or s3fs", "gs": "gcsfuse (Cloud Storage FUSE)"}
+# SageMaker's TensorFlow estimator appends `--model_dir s3://OUTPUT/JOB/model` to the entry
+# point's arguments unless it is created with model_dir=False; its containers set these.
+SAGEMAKER_ENV = ("SM_TRAINING_ENV", "SM_CURRENT_HOST")
+
+
+def mounted_path_fix(scheme: str, rest: str) -> str:
+    """The fix for a storage URL, in the words of the platform it likely came from."""
+    if scheme == "gs":
+        # Vertex AI custom training mounts every bucket the job may read at /gcs/BUCKET.
+        return (f"give /gcs/{rest} (Vertex AI mounts buckets there with Cloud Storage FUSE), or "
+                f"mount the bucket elsewhere ({MOUNTS['gs']}, or a Kubernetes volume) and give "
+                f"that path")
+    if scheme == "s3" and any(name in os.environ for name in SAGEMAKER_ENV):
+        return ("on SageMaker create the TensorFlow estimator with model_dir=False and "
+                "checkpoint_s3_uri=s3://..., and give --model_dir under /opt/ml/checkpoints "
+                "(SageMaker syncs it to that URI and restores it on a restart)")
+    tool = MOUNTS.get(scheme, "the storage's FUSE driver")
+    return f"mount the bucket ({tool}, or a Kubernetes volume) and give the mounted path"
 
 
 def check_not_url(flag: str, value: str):
@@ -26,13 +44,11 @@ def check_not_url(flag: str, value: str):
     found = URL.match(value or "")
     if not found:
         return
-    scheme = found.group(1)
-    tool = MOUNTS.get(scheme.lower(), "the storage's FUSE driver")
-    missing = (" (TensorFlow 2.15 has no s3:// file system)" if scheme.lower() == "s3" else "")
+    scheme = found.group(1).lower()
+    missing = " (TensorFlow 2.15 has no s3:// file system)" if scheme == "s3" else ""
     raise UserError(f"{flag} {value}: a storage URL{missing}; estimator-dist keeps a run's files "
                     f"and checks (its lock, config.yaml, checkpoint and disk-full guards) on file "
-                    f"system paths only; mount the bucket ({tool}, or a Kubernetes volume) and "
-                    f"give the mounted path")
+                    f"system paths only; {mounted_path_fix(scheme, value[found.end():])}")
 
 
 def expand(flag: str, value: Optional[str]) -> Optional[str]:

@@ -75,8 +75,9 @@ def test_train_expands_flags_and_config_file_paths_and_says_so(home, capsys):
      "a Kubernetes volume) and give the mounted path"),
     (["evaluate", "--model_dir", "gs://bucket/run"],
      "--model_dir gs://bucket/run: a storage URL; estimator-dist keeps a run's files and checks "
-     "(its lock, config.yaml, checkpoint and disk-full guards) on file system paths only; mount "
-     "the bucket (gcsfuse (Cloud Storage FUSE), or a Kubernetes volume) and give the mounted "
+     "(its lock, config.yaml, checkpoint and disk-full guards) on file system paths only; give "
+     "/gcs/bucket/run (Vertex AI mounts buckets there with Cloud Storage FUSE), or mount the "
+     "bucket elsewhere (gcsfuse (Cloud Storage FUSE), or a Kubernetes volume) and give that "
      "path"),
     (["tfjob", "--image", "img:1", "--workers", "2", "--model_dir", "s3://bucket/run"],
      "--model_dir s3://bucket/run: a storage URL (TensorFlow 2.15 has no s3:// file system)"),
@@ -91,6 +92,22 @@ def test_refused_before_anything_starts_in_one_line(argv, message, home, capsys)
     assert (code, out) == (2, "")
     assert err.startswith(f"estimator-dist: error: {message}") and err.count("\n") == 1, err
     assert os.listdir(home / "cwd") == [] and os.listdir(home / "home") == []
+
+
+def test_sagemakers_own_model_dir_is_refused_naming_sagemakers_fix(home, monkeypatch, capsys):
+    """SageMaker's TensorFlow estimator appends `--model_dir s3://OUTPUT/JOB/model` to the
+    entry point's arguments (the last --model_dir wins); a mount is no fix there, its
+    estimator's model_dir=False and the synced /opt/ml/checkpoints are."""
+    monkeypatch.setenv("SM_TRAINING_ENV", "{}")
+    code = main(["train", "--model_dir", "/opt/ml/checkpoints/run",
+                 "--model_dir", "s3://sagemaker-us-east-1-1/job-1/model"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and err.endswith(
+        "on SageMaker create the TensorFlow estimator with model_dir=False and "
+        "checkpoint_s3_uri=s3://..., and give --model_dir under /opt/ml/checkpoints "
+        "(SageMaker syncs it to that URI and restores it on a restart)\n"), err
+    assert os.listdir(home / "cwd") == []
 
 
 def test_predict_says_expansions_on_stderr_and_keeps_stdout_csv(trained_digits, home, capsys,

@@ -378,8 +378,9 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say,
         "global_step": checkpoint_step(p.model_dir),
         "start_step": start_step or 0,
         "metrics": metrics,
-        "exports": [e for e in export_lib.export_paths(p.model_dir)
-                    if e not in earlier_exports],
+        # The evaluator task's export, when it finished first, is its to name, not ours.
+        "exports": [] if p.role.evaluated_elsewhere else [
+            e for e in export_lib.export_paths(p.model_dir) if e not in earlier_exports],
         "examples_per_sec": progress.examples_per_sec,
         "wall_seconds": round(time.perf_counter() - started, 2),
         "model_dir": p.model_dir,

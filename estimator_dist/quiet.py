@@ -22,13 +22,14 @@ def configure(verbose: bool):
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=FutureWarning)
     import tensorflow as tf
-    from tensorflow.python.util import deprecation
+
+    from estimator_dist.compat import internals
 
     _state["quiet"] = not verbose
     if verbose:
         tf.get_logger().setLevel("INFO")
         return
-    deprecation._PRINT_DEPRECATION_WARNINGS = False  # pylint: disable=protected-access
+    internals.silence_deprecation_warnings()
     tf.get_logger().setLevel("ERROR")
     tf.get_logger().addFilter(_not_event_writer_error)
     logging.getLogger("absl").setLevel(logging.ERROR)

@@ -2,8 +2,8 @@
 import glob
 
 import tensorflow as tf
-from tensorflow.python.training import training_util
 
+from estimator_dist.compat import internals
 from estimator_dist.training.hooks import ProgressHook
 
 
@@ -39,7 +39,7 @@ def run_steps(hook, max_steps, increment=1, summary_dir=None):
         step = tf.compat.v1.train.get_or_create_global_step()
         # As Estimator builds it: the step StopAtStepHook fetches is read before the update
         # (without this the read and the assign race, and the hook stops a run early or late).
-        step_read = training_util._get_or_create_global_step_read()  # pylint: disable=protected-access
+        step_read = internals.global_step_read_tensor()
         weight = tf.compat.v1.get_variable("w", [], initializer=tf.compat.v1.ones_initializer())
         loss = tf.identity(weight * 2.0, name="loss_value")
         tf.compat.v1.summary.scalar("loss", loss)

@@ -1,9 +1,9 @@
 """Step checkpoints without an extra session run per step (estimator_dist/saver_hook.py)."""
 import pytest
 import tensorflow as tf
-from tensorflow.python.client import session as session_lib
 
 from conftest import quick_train
+from estimator_dist.compat import internals
 from estimator_dist.training import saver_hook
 
 STEPS = 60
@@ -13,14 +13,15 @@ STEPS = 60
 def count_runs(monkeypatch):
     """Session runs that fetch one int64 scalar: a hook's own read of the global step."""
     runs = []
-    real_run = session_lib.BaseSession.run
+    base_session = internals.session_base_class()
+    real_run = base_session.run
 
     def counted(self, fetches, *args, **kwargs):
         if isinstance(fetches, tf.Tensor) and fetches.dtype == tf.int64 and fetches.shape.rank == 0:
             runs.append(fetches)
         return real_run(self, fetches, *args, **kwargs)
 
-    monkeypatch.setattr(session_lib.BaseSession, "run", counted)
+    monkeypatch.setattr(base_session, "run", counted)
     return runs
 
 

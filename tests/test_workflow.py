@@ -29,9 +29,9 @@ def train(model_dir, lines=None, **flags):
 
 
 def eval_results(model_dir):
-    from tensorflow_estimator.python.estimator.early_stopping import read_eval_metrics
+    from estimator_dist.compat import internals
 
-    return read_eval_metrics(os.path.join(str(model_dir), "eval"))
+    return internals.read_eval_metrics(os.path.join(str(model_dir), "eval"))
 
 
 def test_patience_counting():

@@ -34,6 +34,7 @@ from typing import Tuple
 
 import tensorflow as tf
 
+from estimator_dist.compat import internals
 from estimator_dist.graph.heads import classification_spec
 from estimator_dist.training.registry import register_input, register_model
 
@@ -109,12 +110,7 @@ def hparams_for(model: str):
 
 def onednn_enabled():
     """Whether this TensorFlow runs oneDNN kernels (TF_ENABLE_ONEDNN_OPTS, CPU-dependent default)."""
-    try:
-        from tensorflow.python.util import _pywrap_util_port  # pylint: disable=import-outside-toplevel
-
-        return bool(_pywrap_util_port.IsMklEnabled())
-    except (ImportError, AttributeError):
-        return None
+    return internals.onednn_enabled()
 
 
 class Gate:
@@ -208,7 +204,7 @@ class ClockCallback(tf.keras.callbacks.Callback):
     def __init__(self, clock: Clock):
         super().__init__()
         self._clock = clock
-        self._supports_tf_logs = True  # no per-batch conversion of the logs to numpy
+        internals.keep_tf_logs(self)
 
     def on_train_batch_end(self, batch, logs=None):
         self._clock.step_done()

@@ -11,9 +11,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import tensorflow as tf
 
-from tensorflow.python.distribute import collective_all_reduce_strategy
-from tensorflow.python.eager import context
-
+from estimator_dist.compat import internals
 from estimator_dist.distribute.devices import Devices
 from estimator_dist.distribute.specs import SPECS, StrategySpec, check_name, names, spec, with_feature  # noqa: F401
 from estimator_dist.errors import UserError
@@ -44,17 +42,9 @@ def _multi_worker_mirrored(devices: Devices):
     TensorFlow's C++ holding the GIL (no Python thread runs), the service with a SIGTERM
     handler of its own that only sets a flag: a worker still connecting ignored SIGTERM
     until SIGKILL (35-60 s, measured). Estimator needs neither: both are left out."""
-    context.context().configure_coordination_service(service_type="")  # "": none
-    extended = collective_all_reduce_strategy.CollectiveAllReduceExtended
-    saved = extended._enable_check_health  # pylint: disable=protected-access
-    extended._enable_check_health = False  # pylint: disable=protected-access
-    try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            communication_options=communication(devices))
-    finally:
-        extended._enable_check_health = saved  # pylint: disable=protected-access
-    strategy.extended._enable_check_health = False  # Estimator configures it again later
-    return strategy
+    return internals.multi_worker_mirrored_without_health_check(
+        lambda: tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=communication(devices)))
 
 
 def communication(devices: Devices) -> tf.distribute.experimental.CommunicationOptions:

@@ -16,12 +16,11 @@ named as such (numerics.py).
 
 Horovod compresses with its own hvd.Compression.fp16 (horovod_train.py).
 """
-import contextlib
 from typing import List, Tuple
 
 import tensorflow as tf
-from tensorflow.python.distribute import distribute_utils  # regroup: no public name
-from tensorflow.python.distribute import values as values_lib  # Mirrored: no public name
+
+from estimator_dist.compat import internals
 
 DTYPES = {"fp16": tf.float16, "bf16": tf.bfloat16}
 RANGE_NOTE = {"fp16": "float16 overflows past 65504", "bf16": "bfloat16 overflowed"}
@@ -58,25 +57,8 @@ def apply_reduced(optimizer, grads_and_vars, global_step):
     slots and global step, without its own all-reduce."""
 
     def merge(distribution, pairs):
-        with _already_reduced(distribution):
-            return optimizer._distributed_apply(distribution, pairs, global_step)  # noqa: SLF001
+        with internals.already_reduced(distribution):
+            return internals.distributed_apply(optimizer, distribution, pairs, global_step)
 
     return tf.distribute.get_replica_context().merge_call(merge, args=(grads_and_vars,))
 
-
-@contextlib.contextmanager
-def _already_reduced(distribution):
-    """The strategy's batch_reduce_to, for one merge, hands each replica its own value back:
-    the values are the all-reduced sums already (a second reduce would send float32)."""
-    extended = distribution.extended
-
-    def batch_reduce_to(reduce_op, value_destination_pairs, options=None):
-        return [distribute_utils.regroup(distribution.experimental_local_results(value),
-                                         wrap_class=values_lib.Mirrored)
-                for value, _ in value_destination_pairs]
-
-    extended.batch_reduce_to = batch_reduce_to
-    try:
-        yield
-    finally:
-        del extended.batch_reduce_to

@@ -41,6 +41,7 @@ from typing import Dict, Iterable, Optional
 
 import tensorflow as tf
 
+from estimator_dist.compat import internals
 from estimator_dist.training import model_fn_wrap
 
 KEYS = tf.compat.v1.GraphKeys
@@ -190,10 +191,10 @@ class _Views(dict):
 
 
 def _views(graph) -> _Views:
-    views = graph._collections  # pylint: disable=protected-access
+    views = internals.graph_collections(graph)
     if not isinstance(views, _Views):
         views = _Views(views)
-        graph._collections = views  # pylint: disable=protected-access
+        internals.replace_graph_collections(graph, views)
     return views
 
 

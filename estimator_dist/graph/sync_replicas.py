@@ -18,6 +18,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from estimator_dist.compat import internals
 from estimator_dist.training import model_fn_wrap
 from estimator_dist.errors import UserError
 
@@ -77,7 +78,7 @@ def _mark_built_ops_used(hooks):
     """The refused graph is never run: without this TensorFlow logs an "Object was never used"
     stack (of the optimizer's readiness check) under the one-line refusal."""
     for hook in hooks:
-        ready = getattr(getattr(hook, "_sync_optimizer", None), "ready_for_local_init_op", None)
+        ready = getattr(internals.sync_optimizer_of(hook), "ready_for_local_init_op", None)
         if hasattr(ready, "mark_used"):
             ready.mark_used()
 
@@ -88,8 +89,8 @@ class QuietShutdownHook(tf.compat.v1.train.SessionRunHook):
     Its thread is blocked in a session run that only the session's close cancels. At end()
     (before the session closes) the thread is let go from the coordinator, whose close would
     wait 120 s for it, and a CancelledError becomes the queue runner's normal end instead of
-    a thread traceback. Private attributes of TensorFlow 1's queue runner and coordinator:
-    there is no public way to do either.
+    a thread traceback. Private attributes of TensorFlow 1's queue runner and coordinator
+    (compat/internals.py): there is no public way to do either.
     """
 
     def __init__(self, sync_hook):
@@ -100,13 +101,7 @@ class QuietShutdownHook(tf.compat.v1.train.SessionRunHook):
         self._coord = coord
 
     def end(self, session):
-        runner = getattr(self._sync_hook, "_q_runner", None)  # set on the chief only
+        runner = internals.sync_queue_runner(self._sync_hook)  # set on the chief only
         if runner is None or self._coord is None:
             return
-        runner._queue_closed_exception_types = tuple(  # pylint: disable=protected-access
-            runner._queue_closed_exception_types) + (tf.errors.CancelledError,)
-        prefix = f"QueueRunnerThread-{runner.name}-"
-        with self._coord._lock:  # pylint: disable=protected-access
-            registered = self._coord._registered_threads  # pylint: disable=protected-access
-            for thread in [t for t in registered if t.name.startswith(prefix)]:
-                registered.discard(thread)
+        internals.end_queue_runner_quietly(runner, self._coord)

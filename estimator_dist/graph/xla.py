@@ -16,9 +16,11 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.client import pywrap_tf_session
 
-pywrap_tf_session.TF_SetTfXlaCpuGlobalJit(True)
+from estimator_dist.compat import internals
+
+internals.enable_xla_cpu_global_jit()
+
 
 def enable(config: tf.compat.v1.ConfigProto) -> tf.compat.v1.ConfigProto:
     config.graph_options.optimizer_options.global_jit_level = tf.compat.v1.OptimizerOptions.ON_1

@@ -17,6 +17,7 @@ from typing import Dict, Iterable, Optional, Set
 
 import tensorflow as tf
 
+from estimator_dist.compat import internals
 from estimator_dist.training import checkpoints
 from estimator_dist import files
 from estimator_dist.errors import StorageError, UserError
@@ -56,7 +57,7 @@ def guard_saver(saver, describe_kept):
     are removed and the state file names the previous checkpoint again.
     `describe_kept()` says what is still intact, for the message.
     """
-    if getattr(saver, "_estimator_dist_guarded", False):
+    if getattr(saver.save, "guards_storage", False):
         return saver
     save = saver.save
 
@@ -77,8 +78,8 @@ def guard_saver(saver, describe_kept):
         remove_stale_shards(prefix, shards)
         return path
 
-    saver.save = guarded_save
-    saver._estimator_dist_guarded = True  # pylint: disable=protected-access
+    guarded_save.guards_storage = True
+    internals.replace_method(saver, "save", guarded_save)
     return saver
 
 

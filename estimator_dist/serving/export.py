@@ -5,6 +5,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import tensorflow as tf
 
+from estimator_dist.compat import internals
 from estimator_dist.training import checkpoints
 from estimator_dist import errors
 from estimator_dist import files
@@ -218,23 +219,23 @@ class BestExporter(tf.estimator.BestExporter):
     """
 
     def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
-        if self._model_dir != estimator.model_dir:
-            self._model_dir = estimator.model_dir
+        if internals.best_exporter_model_dir(self) != estimator.model_dir:
             earlier = self._best_before(estimator.eval_dir(), int(eval_result["global_step"]))
             kept = os.path.isdir(export_path) and any(
                 re.fullmatch(r"\d+", name) for name in os.listdir(export_path))
-            self._best_eval_result = earlier
-            self._has_exported = earlier is not None and kept
+            internals.resume_best_exporter(self, estimator.model_dir, earlier,
+                                           earlier is not None and kept)
         return super().export(estimator, export_path, checkpoint_path, eval_result,
                               is_the_final_export)
 
     def _best_before(self, eval_dir: str, step: int):
+        better = internals.best_exporter_compare_fn(self)
         best = None
         for path in tf.io.gfile.glob(os.path.join(eval_dir, "*.tfevents.*")):
             for event in tf.compat.v1.train.summary_iterator(path):
                 result = {v.tag: v.simple_value for v in event.summary.value
                           if v.HasField("simple_value")}
-                if result and event.step < step and (best is None or self._compare_fn(best, result)):
+                if result and event.step < step and (best is None or better(best, result)):
                     best = result
         return best
 

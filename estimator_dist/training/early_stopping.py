@@ -12,9 +12,7 @@ strategy the MultiWorkerMirrored hook, which crashes under ParameterServerStrate
 """
 import tensorflow as tf
 
-from tensorflow_estimator.python.estimator import early_stopping as tf_early_stopping
-from tensorflow_estimator.python.estimator.early_stopping import read_eval_metrics
-
+from estimator_dist.compat import internals
 from estimator_dist.errors import UserError
 
 STOP_VARIABLE = "signal_early_stopping/STOP"  # TensorFlow's early-stopping hooks' variable
@@ -48,7 +46,7 @@ def make_should_stop(eval_dir: str, metric: str, higher: bool, patience: int,
     tells whether it stopped training."""
 
     def should_stop() -> bool:
-        results = read_eval_metrics(eval_dir)
+        results = internals.read_eval_metrics(eval_dir)
         if not results:
             return False
         if any(metric not in m for m in results.values()):
@@ -76,11 +74,11 @@ def make_hook(estimator, metric: str, higher: bool, patience: int, min_delta: fl
     every_steps = max(1, every_steps)
     strategy = estimator.config.train_distribute
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        hook = tf_early_stopping._MultiWorkerEarlyStoppingHook(should_stop, every_steps)  # pylint: disable=protected-access
+        hook = internals.multi_worker_early_stopping_hook(should_stop, every_steps)
     elif estimator.config.is_chief:
-        hook = tf_early_stopping._StopOnPredicateHook(should_stop, None, every_steps)  # pylint: disable=protected-access
+        hook = internals.stop_on_predicate_hook(should_stop, every_steps)
     else:
-        hook = tf_early_stopping._CheckForStoppingHook()  # pylint: disable=protected-access
+        hook = internals.check_for_stopping_hook()
     return UnsavedStopSignal(hook, should_stop)
 
 

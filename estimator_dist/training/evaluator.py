@@ -12,9 +12,9 @@ import os
 import time
 
 import tensorflow as tf
-from tensorflow_estimator.python.estimator import training as tf_training
 
 from estimator_dist import files
+from estimator_dist.compat import internals
 
 END_MARKER = "training_end.json"
 # Estimator's evaluator loop (throttle_secs 0) re-reads the checkpoint state as fast as it
@@ -41,7 +41,7 @@ def mark_end(model_dir: str, global_step: int):
     files.write_text(marker_path(model_dir), json.dumps({"global_step": global_step}))
 
 
-class StopWhenTrainingEnded(tf_training._ContinuousEvalListener):  # pylint: disable=protected-access
+class StopWhenTrainingEnded(internals.ContinuousEvalListener):
     """Ends Estimator's evaluation loop once the chief has marked the end of training, and
     backs off while there is no new checkpoint to evaluate."""
 
@@ -52,8 +52,7 @@ class StopWhenTrainingEnded(tf_training._ContinuousEvalListener):  # pylint: dis
         self._sleep = sleep
 
     def after_eval(self, eval_result) -> bool:
-        evaluated = tf_training._EvalStatus.EVALUATED  # pylint: disable=protected-access
-        if eval_result.status == evaluated:
+        if internals.evaluated(eval_result):
             self._wait = 0.0
         else:  # no (new) checkpoint yet
             self._wait = min(LONGEST_WAIT_S, max(FIRST_WAIT_S, 2 * self._wait))
@@ -84,8 +83,6 @@ def final_evaluation(estimator, eval_spec, say):
 def run(estimator, train_spec, eval_spec, say):
     """The evaluator task: evaluate each new checkpoint until training ends, however it ends."""
     listener = StopWhenTrainingEnded(tf.compat.as_str_any(estimator.model_dir))
-    executor = tf_training._TrainingExecutor(  # pylint: disable=protected-access
-        estimator, train_spec, eval_spec, continuous_eval_listener=listener)
-    executor.run()
+    internals.run_evaluator_loop(estimator, train_spec, eval_spec, listener)
     if listener.ended():
         final_evaluation(estimator, eval_spec, say)

@@ -6,6 +6,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from estimator_dist.compat import internals
 from estimator_dist.errors import UntrainableTrainOp
 from estimator_dist.launch import step_file
 
@@ -212,8 +213,6 @@ def cut_off_variables(loss, variables):
     """The variables no gradient of `loss` can reach: the walk back from the loss through
     op inputs stops at ops TensorFlow declares not differentiable (StopGradient, ArgMax,
     integer casts' producers...). Run only when a check fired: a graph walk, nothing built."""
-    from tensorflow.python.framework import ops as ops_lib  # get_gradient_function: no public name
-
     reached, todo = set(), [loss.op]
     while todo:
         op = todo.pop()
@@ -221,7 +220,7 @@ def cut_off_variables(loss, variables):
             continue
         reached.add(op)
         try:
-            cut = ops_lib.get_gradient_function(op) is None and op.inputs
+            cut = internals.gradient_function(op) is None and op.inputs
         except LookupError:  # no gradient registered (custom ops): assume it passes one
             cut = False
         if not cut:

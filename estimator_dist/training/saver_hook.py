@@ -20,9 +20,8 @@ or which returns a CheckpointSaverHook itself, and multi_worker_mirrored
 import os
 
 import tensorflow as tf
-from tensorflow.python.framework import meta_graph
-from tensorflow.python.lib.io import file_io
 
+from estimator_dist.compat import internals
 from estimator_dist.training import model_fn_wrap
 
 GRAPH_FILE = "graph.pbtxt"
@@ -39,21 +38,13 @@ class SaverHook(tf.compat.v1.train.CheckpointSaverHook):
     """
 
     def after_create_session(self, session, coord):
-        global_step = session.run(self._global_step_tensor)
-        graph = tf.compat.v1.get_default_graph()
-        graph_def = graph.as_graph_def(add_shapes=True)
-        if self._save_graph_def:
-            tf.io.gfile.makedirs(self._checkpoint_dir)
-            # Via a temporary file and a rename, as TF does: never half-written.
-            file_io.atomic_write_string_to_file(
-                os.path.join(self._checkpoint_dir, GRAPH_FILE), str(graph_def))
-        saver = self._get_saver()
-        self._summary_writer.add_graph(graph)
-        self._summary_writer.add_meta_graph(meta_graph.create_meta_graph_def(
-            graph_def=graph_def, saver_def=saver.saver_def if saver else None))
-        # The checkpoint saved here is the state at step "global_step".
-        self._save(session, global_step)
-        self._timer.update_last_triggered_step(global_step)
+        internals.checkpoint_saver_after_create_session(self, session, write_graph_text)
+
+
+def write_graph_text(checkpoint_dir: str, graph_def):
+    tf.io.gfile.makedirs(checkpoint_dir)
+    # Via a temporary file and a rename, as TF does: never half-written.
+    internals.atomic_write(os.path.join(checkpoint_dir, GRAPH_FILE), str(graph_def))
 
 
 def with_saver_hook(model_fn, run_config: tf.estimator.RunConfig):
@@ -69,7 +60,7 @@ def with_saver_hook(model_fn, run_config: tf.estimator.RunConfig):
             return spec
         hook = SaverHook(run_config.model_dir, save_steps=steps, save_secs=secs,
                          save_graph_def=run_config.checkpoint_save_graph_def)
-        hook._set_steps_per_run(1)  # pylint: disable=protected-access
+        internals.set_steps_per_run(hook, 1)
         return spec._replace(training_chief_hooks=list(spec.training_chief_hooks) + [hook])
 
     return model_fn_wrap.around(model_fn, call)

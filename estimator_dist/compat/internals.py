@@ -1,0 +1,377 @@
+"""Every TensorFlow internal the package relies on: private names, `tensorflow.python` and
+`tensorflow_estimator` imports, and the patches of TensorFlow objects.
+
+TensorFlow 2.15 has no public way to do these things; each is one small function named for
+what it does, and the rest of the package calls the function, never the internal.
+A private name is reached only through `_attr`, `_set` or `_require`: when TensorFlow no
+longer has it, they raise TensorFlowChanged naming it and what depends on it (one line,
+exit code 1), so a rename fails loudly instead of silently turning a fix into a no-op (a
+`getattr(obj, "_name", None)` would return None and skip it). tests/test_tf_compat.py pins
+every name, signature and mirrored source on the installed TensorFlow; tests/test_layout.py
+refuses these uses anywhere else.
+
+To add one (a helper branch that needs another internal):
+1. Add a function here named for what it does; reach the internal with `_attr(owner,
+   "name", why)` (read), `_set(owner, "name", value, why)` (write) or `_require(obj,
+   "name", why)`; `why` says what breaks without it. A patch of a TensorFlow object goes in
+   a function here too (see `replace_method`, `already_reduced`).
+2. List every private name it touches in NAMES (owner dotted path -> attributes) and the
+   signature of any private callable in SIGNATURES; a method whose TensorFlow source is
+   copied here gets its digest in MIRRORED.
+3. Add a canary in tests/test_tf_compat.py for anything set on instances (NAMES checks
+   classes and modules only).
+"""
+import contextlib
+import hashlib
+import inspect
+
+import tensorflow as tf
+from tensorflow.python.client import pywrap_tf_session
+from tensorflow.python.distribute import collective_all_reduce_strategy
+from tensorflow.python.distribute import distribute_utils
+from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.eager import context
+from tensorflow.python.framework import meta_graph
+from tensorflow.python.framework import ops as ops_lib
+from tensorflow.python.lib.io import file_io
+from tensorflow.python.training import training_util
+from tensorflow.python.util import _pywrap_util_port
+from tensorflow.python.util import deprecation
+from tensorflow_estimator.python.estimator import early_stopping as tf_early_stopping
+from tensorflow_estimator.python.estimator import training as tf_training
+
+from estimator_dist.errors import ReportedError
+
+SUPPORTED = "TensorFlow 2.15 (tensorflow-estimator 2.15)"
+
+
+class TensorFlowChanged(ReportedError):
+    """An internal of TensorFlow this package relies on is gone or changed."""
+
+    label = "TensorFlow changed"
+
+    def __init__(self, name: str, why: str):
+        super().__init__(f"{name} is gone or changed in TensorFlow {tf.__version__}; "
+                         f"estimator-dist uses it {why}. It supports {SUPPORTED}: install "
+                         f"tensorflow-cpu==2.15.1 (or tensorflow[and-cuda]==2.15.1) and "
+                         f"tensorflow-estimator==2.15.0")
+        self.name = name
+
+
+def _label(owner) -> str:
+    return getattr(owner, "__name__", None) or type(owner).__name__
+
+
+def _attr(owner, name: str, why: str):
+    try:
+        return getattr(owner, name)
+    except AttributeError:
+        raise TensorFlowChanged(f"{_label(owner)}.{name}", why) from None
+
+
+def _require(owner, name: str, why: str):
+    _attr(owner, name, why)
+
+
+def _set(owner, name: str, value, why: str):
+    _require(owner, name, why)
+    setattr(owner, name, value)
+
+
+# The private names used below, by owner: checked on classes and modules by the canaries.
+NAMES = {
+    "tensorflow.python.distribute.collective_all_reduce_strategy.CollectiveAllReduceExtended":
+        ("_enable_check_health",),
+    "tensorflow.python.client.pywrap_tf_session": ("TF_SetTfXlaCpuGlobalJit",),
+    "tensorflow.python.util._pywrap_util_port": ("IsMklEnabled",),
+    "tensorflow.python.util.deprecation": ("_PRINT_DEPRECATION_WARNINGS",),
+    "tensorflow.python.training.training_util": ("_get_or_create_global_step_read",),
+    "tensorflow.python.framework.ops": ("get_gradient_function",),
+    "tensorflow.python.training.optimizer.Optimizer": ("_distributed_apply",),
+    "tensorflow.python.training.basic_session_run_hooks.CheckpointSaverHook":
+        ("_set_steps_per_run", "_get_saver", "_save"),
+    "tensorflow_estimator.python.estimator.training":
+        ("_ContinuousEvalListener", "_EvalStatus", "_TrainingExecutor"),
+    "tensorflow_estimator.python.estimator.early_stopping":
+        ("_MultiWorkerEarlyStoppingHook", "_StopOnPredicateHook", "_CheckForStoppingHook",
+         "read_eval_metrics"),
+}
+
+# Private callables called here: their signatures as inspect prints them on TF 2.15.
+SIGNATURES = {
+    "tensorflow_estimator.python.estimator.training._TrainingExecutor":
+        "(estimator, train_spec, eval_spec, train_hooks=None, continuous_eval_listener=None)",
+    "tensorflow_estimator.python.estimator.early_stopping._MultiWorkerEarlyStoppingHook":
+        "(should_stop_fn, run_every_steps=None)",
+    "tensorflow_estimator.python.estimator.early_stopping._StopOnPredicateHook":
+        "(should_stop_fn, run_every_secs=60, run_every_steps=None)",
+    "tensorflow_estimator.python.estimator.early_stopping._CheckForStoppingHook": "()",
+    "tensorflow_estimator.python.estimator.early_stopping.read_eval_metrics": "(eval_dir)",
+    "tensorflow.python.training.optimizer.Optimizer._distributed_apply":
+        "(self, distribution, grads_and_vars, global_step=None, name=None)",
+    "tensorflow.python.training.basic_session_run_hooks.CheckpointSaverHook._set_steps_per_run":
+        "(self, steps_per_run)",
+    "tensorflow.python.training.basic_session_run_hooks.CheckpointSaverHook._save":
+        "(self, session, step)",
+    "tensorflow.python.distribute.distribute_utils.regroup":
+        "(values, wrap_class=<class 'tensorflow.python.distribute.values.PerReplica'>, "
+        "always_wrap=False)",
+    "tensorflow.python.framework.ops.get_gradient_function": "(op)",
+    "tensorflow.python.framework.meta_graph.create_meta_graph_def":
+        "(meta_info_def=None, graph_def=None, saver_def=None, collection_list=None, "
+        "graph=None, export_scope=None, exclude_nodes=None, clear_extraneous_savers=False, "
+        "strip_default_attrs=False)",
+    "tensorflow.python.lib.io.file_io.atomic_write_string_to_file":
+        "(filename, contents, overwrite=True)",
+    "tensorflow.python.eager.context.Context.configure_coordination_service":
+        "(self, service_type, service_leader='', "
+        "enable_health_check=True, cluster_register_timeout_in_ms=0, "
+        "heartbeat_timeout_in_ms=0, shutdown_barrier_timeout_in_ms=0, "
+        "coordinated_jobs=None, allow_new_incarnation_to_reconnect=False)",
+    "tensorflow.python.distribute.distribute_lib.StrategyExtendedV2.batch_reduce_to":
+        "(self, reduce_op, value_destination_pairs, options=None)",
+}
+
+# TensorFlow methods whose source is copied here (sha256 of inspect.getsource on TF 2.15):
+# a changed digest means the copy must be compared with TensorFlow's new version.
+MIRRORED = {
+    "tensorflow.python.training.basic_session_run_hooks.CheckpointSaverHook."
+    "after_create_session": "8403ea18570b84c02ec1d2e00590f5e6162323ae771c2155faa0402cc6f28219",
+}
+
+
+def source_digest(function) -> str:
+    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()
+
+
+# Strategies
+
+
+def multi_worker_mirrored_without_health_check(build):
+    """`build()` (a MultiWorkerMirroredStrategy) without TensorFlow's coordination service and
+    its health-check barrier: both wait for every peer in C++ holding the GIL, so a worker
+    still connecting ignored SIGTERM (strategies.py says why neither is needed)."""
+    why = "to leave out MultiWorkerMirroredStrategy's health check (SIGTERM while connecting)"
+    context.context().configure_coordination_service(service_type="")  # "": none
+    extended = _attr(collective_all_reduce_strategy, "CollectiveAllReduceExtended", why)
+    saved = _attr(extended, "_enable_check_health", why)
+    extended._enable_check_health = False  # the class default, read while the strategy builds
+    try:
+        strategy = build()
+    finally:
+        extended._enable_check_health = saved
+    _set(strategy.extended, "_enable_check_health", False, why)  # Estimator configures it again
+    return strategy
+
+
+def distributed_apply(optimizer, distribution, grads_and_vars, global_step):
+    """A tf.compat.v1 optimizer's own update under a strategy (in a merge_call): slots and
+    global step included."""
+    apply = _attr(optimizer, "_distributed_apply", "to apply gradients compressed to 16 bits")
+    return apply(distribution, grads_and_vars, global_step)
+
+
+@contextlib.contextmanager
+def already_reduced(distribution):
+    """The strategy's batch_reduce_to, for one merge, hands each replica its own value back:
+    the values are the all-reduced sums already (a second reduce would send float32).
+    `Optimizer._distributed_apply` reduces through it (a canary checks its source)."""
+    extended = distribution.extended
+    regroup = _attr(distribute_utils, "regroup", "to skip the float32 all-reduce")
+    mirrored = _attr(values_lib, "Mirrored", "to skip the float32 all-reduce")
+
+    def batch_reduce_to(reduce_op, value_destination_pairs, options=None):
+        return [regroup(distribution.experimental_local_results(value), wrap_class=mirrored)
+                for value, _ in value_destination_pairs]
+
+    _require(extended, "batch_reduce_to", "to skip the float32 all-reduce")
+    extended.batch_reduce_to = batch_reduce_to
+    try:
+        yield
+    finally:
+        del extended.batch_reduce_to
+
+
+# Graphs
+
+
+def graph_collections(graph) -> dict:
+    """The graph's own dict of collections (name -> list)."""
+    return _attr(graph, "_collections", "to give each replica's model_fn call its collections")
+
+
+def replace_graph_collections(graph, collections: dict):
+    """Make `collections` (a dict subclass) the graph's dict of collections."""
+    _set(graph, "_collections", collections, "to give each replica's model_fn call its "
+                                              "collections")
+
+
+def gradient_function(op):
+    """The gradient function registered for `op`'s type (None: not differentiable; raises
+    LookupError for none registered)."""
+    return _attr(ops_lib, "get_gradient_function", "to name variables no gradient reaches")(op)
+
+
+def global_step_read_tensor(graph=None):
+    """The global step read that hooks fetch (created on first use)."""
+    return _attr(training_util, "_get_or_create_global_step_read", "to read the global step")(
+        graph)
+
+
+# Process-wide switches
+
+
+def enable_xla_cpu_global_jit():
+    """XLA auto-clustering on CPUs too; read by TensorFlow once, at the first session."""
+    _attr(pywrap_tf_session, "TF_SetTfXlaCpuGlobalJit", "for --jit on CPUs")(True)
+
+
+def silence_deprecation_warnings():
+    _set(deprecation, "_PRINT_DEPRECATION_WARNINGS", False, "to keep deprecation warnings "
+                                                             "out of a quiet run")
+
+
+def onednn_enabled() -> bool:
+    """Whether this TensorFlow runs oneDNN kernels."""
+    return bool(_attr(_pywrap_util_port, "IsMklEnabled", "to report oneDNN in the bench")())
+
+
+# Checkpoint saving
+
+
+def set_steps_per_run(hook, steps: int):
+    """A CheckpointSaverHook's trust in the global step fetched with the train op."""
+    _attr(hook, "_set_steps_per_run", "to save checkpoints without a session run per step")(
+        steps)
+
+
+def checkpoint_saver_after_create_session(hook, session, write_graph_text):
+    """TF 2.15's CheckpointSaverHook.after_create_session (digest in MIRRORED), with the graph
+    serialized once and graph.pbtxt written by `write_graph_text(checkpoint_dir, graph_def)`."""
+    why = "to write graph.pbtxt fast (saver_hook.py)"
+    global_step = session.run(_attr(hook, "_global_step_tensor", why))
+    graph = tf.compat.v1.get_default_graph()
+    graph_def = graph.as_graph_def(add_shapes=True)
+    if _attr(hook, "_save_graph_def", why):
+        write_graph_text(_attr(hook, "_checkpoint_dir", why), graph_def)
+    saver = _attr(hook, "_get_saver", why)()
+    writer = _attr(hook, "_summary_writer", why)
+    writer.add_graph(graph)
+    writer.add_meta_graph(meta_graph.create_meta_graph_def(
+        graph_def=graph_def, saver_def=saver.saver_def if saver else None))
+    # The checkpoint saved here is the state at step "global_step".
+    _attr(hook, "_save", why)(session, global_step)
+    _attr(hook, "_timer", why).update_last_triggered_step(global_step)
+
+
+def atomic_write(path: str, text: str):
+    """Write via a temporary file and a rename, as TensorFlow does: never half-written."""
+    file_io.atomic_write_string_to_file(path, text)
+
+
+def replace_method(obj, name: str, function):
+    """Make `obj.name` (an instance's method) call `function` instead."""
+    _require(obj, name, f"to wrap {name}")
+    setattr(obj, name, function)
+
+
+# Keras
+
+
+def keep_tf_logs(callback):
+    """A tf.keras callback that takes the logs as tensors: no per-batch conversion to numpy."""
+    _set(callback, "_supports_tf_logs", True, "to time Keras steps without a numpy copy each")
+
+
+# Exporters
+
+
+def best_exporter_model_dir(exporter):
+    """The model_dir a tf.estimator.BestExporter last exported from (None before its first)."""
+    return _attr(exporter, "_model_dir", "to keep the best export across restarts")
+
+
+def best_exporter_compare_fn(exporter):
+    """`compare_fn(best_eval_result, current_eval_result)` of a BestExporter."""
+    return _attr(exporter, "_compare_fn", "to keep the best export across restarts")
+
+
+def resume_best_exporter(exporter, model_dir, best_eval_result, has_exported: bool):
+    """A BestExporter's state as if it had run since the model_dir's first evaluation."""
+    why = "to keep the best export across restarts"
+    _set(exporter, "_model_dir", model_dir, why)
+    _set(exporter, "_best_eval_result", best_eval_result, why)
+    _set(exporter, "_has_exported", has_exported, why)
+
+
+# SyncReplicasOptimizer
+
+
+def sync_optimizer_of(hook):
+    """The SyncReplicasOptimizer of its session hook."""
+    return _attr(hook, "_sync_optimizer", "to refuse SyncReplicasOptimizer without a traceback")
+
+
+def sync_queue_runner(hook):
+    """The chief's queue runner of a SyncReplicasOptimizer hook after begin() (None elsewhere)."""
+    return _attr(hook, "_q_runner", "to end the chief's queue runner quietly")
+
+
+def end_queue_runner_quietly(runner, coord):
+    """A CancelledError becomes `runner`'s normal end, and the coordinator stops waiting for
+    its threads (whose session run only the session's close cancels)."""
+    why = "to end the chief's queue runner quietly"
+    closed = tuple(_attr(runner, "_queue_closed_exception_types", why))
+    runner._queue_closed_exception_types = closed + (tf.errors.CancelledError,)
+    prefix = f"QueueRunnerThread-{runner.name}-"
+    with _attr(coord, "_lock", why):
+        registered = _attr(coord, "_registered_threads", why)
+        for thread in [t for t in registered if t.name.startswith(prefix)]:
+            registered.discard(thread)
+
+
+# Estimator's evaluator loop and early stopping
+
+ContinuousEvalListener = _attr(tf_training, "_ContinuousEvalListener",
+                               "to end the evaluator when training ends")
+
+
+def evaluated(eval_result) -> bool:
+    """Whether the evaluator loop's result is a new evaluation (not "no new checkpoint")."""
+    status = _attr(tf_training, "_EvalStatus", "to back off between empty evaluator polls")
+    return eval_result.status == status.EVALUATED
+
+
+def run_evaluator_loop(estimator, train_spec, eval_spec, listener):
+    """Estimator's evaluator task loop, told by `listener` when to stop."""
+    executor = _attr(tf_training, "_TrainingExecutor", "to end the evaluator when training ends")
+    executor(estimator, train_spec, eval_spec, continuous_eval_listener=listener).run()
+
+
+def read_eval_metrics(eval_dir: str) -> dict:
+    """{global_step: {metric: value}} of the evaluations Estimator wrote to `eval_dir`."""
+    return _attr(tf_early_stopping, "read_eval_metrics", "for --early_stop")(eval_dir)
+
+
+def multi_worker_early_stopping_hook(should_stop, every_steps: int):
+    """Every MultiWorkerMirrored worker votes; all stop at the same step."""
+    hook = _attr(tf_early_stopping, "_MultiWorkerEarlyStoppingHook", "for --early_stop")
+    return hook(should_stop, every_steps)
+
+
+def stop_on_predicate_hook(should_stop, every_steps: int):
+    """The chief's hook: decides, and sets the stop flag the other workers poll."""
+    hook = _attr(tf_early_stopping, "_StopOnPredicateHook", "for --early_stop")
+    return hook(should_stop, None, every_steps)
+
+
+def check_for_stopping_hook():
+    """A parameter-server worker's hook: polls the chief's stop flag."""
+    return _attr(tf_early_stopping, "_CheckForStoppingHook", "for --early_stop")()
+
+
+def session_base_class():
+    """The class whose `run` every tf.compat.v1 session runs (for tests counting runs)."""
+    from tensorflow.python.client import session as session_lib  # only tests need it
+
+    return session_lib.BaseSession

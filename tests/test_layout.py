@@ -6,9 +6,17 @@
   TensorFlow took its start-up time and memory in every `cluster` command).
 - Nothing imports cli/ but the entry points (__main__): the CLI is the outermost layer.
 - No file is longer than 450 lines.
+- TensorFlow's internals only in estimator_dist/compat/internals.py (the one door): no other
+  module imports tensorflow.python or tensorflow_estimator, touches a private name of another
+  object, or patches one; no subclass of a TensorFlow class uses TensorFlow's private state.
 """
 import ast
+import importlib
+import importlib.util
+import inspect
 import os
+import re
+import sys
 
 import pytest
 
@@ -190,3 +198,186 @@ def test_decision_finder_finds_them(tmp_path):
                     "n = p.ranks.rank + t.shape.rank\n")
     assert decisions(str(code)) == ["1: compares with chief", "1: compares with tower",
                                     "2: reads .is_root", "3: reads .rank"]
+
+
+# TensorFlow's internals have one door, estimator_dist/compat/internals.py (pinned by
+# tests/test_tf_compat.py): nowhere else may import TensorFlow's private modules, read or set a
+# private name of another object, getattr/setattr one by its name, reach a private name a
+# TensorFlow base class set, or replace or delete an attribute of another object with a
+# function of its own (a monkeypatch). Tests may import only through the door (they read the
+# package's own private names on purpose).
+DOOR = "estimator_dist.compat.internals"
+INTERNAL_MODULES = ("tensorflow.python", "tensorflow_estimator", "keras.src", "tf_keras.src")
+# Python's own private names the package uses: namedtuple's public API (which starts with an
+# underscore), os._exit, and argparse's lists of actions (no public way to list them).
+NOT_TENSORFLOW = {"_replace", "_asdict", "_fields", "_make", "_exit", "_actions",
+                  "_option_string_actions", "_SubParsersAction"}
+BY_NAME = {"getattr", "setattr", "hasattr", "delattr"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and name not in NOT_TENSORFLOW
+
+
+def _is_self(node) -> bool:
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def _root(node) -> str:
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return getattr(node, "id", "")
+
+
+def _internal_imports(tree):
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        hit = sorted({n for n in names if n.startswith(INTERNAL_MODULES)}, key=len)
+        if hit:
+            found.append(f"{node.lineno}: imports {hit[0]}")
+    return found
+
+
+def _inherited_privates(tree):
+    """self._x in a class built on a TensorFlow class (`tf.` or `internals.` base) that the
+    class itself never sets or defines: a private name of TensorFlow's."""
+    found = []
+    for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
+        if not any(_root(b) in ("tf", "internals") for b in cls.bases):
+            continue
+        own = {n.name for n in ast.walk(cls)
+               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        own |= {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute)
+                and _is_self(n.value) and isinstance(n.ctx, ast.Store)}
+        for n in ast.walk(cls):
+            if isinstance(n, ast.Attribute) and _is_self(n.value) and _private(n.attr) \
+                    and n.attr not in own:
+                found.append(f"{n.lineno}: reads TensorFlow's self.{n.attr}")
+    return found
+
+
+def internals_used(path, imports_only=False):
+    """'line: what' for each use of a TensorFlow internal outside the door."""
+    tree = ast.parse(open(path).read(), path)
+    found = _internal_imports(tree)
+    if imports_only:
+        return found
+    functions = {n.name for n in ast.walk(tree)
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and not _is_self(node.value) and _private(node.attr):
+            verb = {ast.Load: "reads", ast.Store: "sets", ast.Del: "deletes"}[type(node.ctx)]
+            found.append(f"{node.lineno}: {verb} .{node.attr}")
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in BY_NAME \
+                and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
+                and isinstance(node.args[1].value, str) and _private(node.args[1].value):
+            found.append(f"{node.lineno}: {node.func.id} {node.args[1].value}")
+        elif isinstance(node, (ast.Assign, ast.Delete)):
+            patched = [t for t in node.targets if isinstance(t, ast.Attribute)
+                       and not _is_self(t.value)]
+            by_function = isinstance(node, ast.Delete) or isinstance(node.value, ast.Lambda) or \
+                (isinstance(node.value, ast.Name) and node.value.id in functions)
+            verb = "deletes" if isinstance(node, ast.Delete) else "patches"
+            found += [f"{node.lineno}: {verb} .{t.attr}" for t in patched
+                      if by_function and not _private(t.attr)]
+    found += _inherited_privates(tree)
+    return sorted(set(found), key=lambda line: (int(line.split(":")[0]), line))
+
+
+def _sources(root):
+    for dirpath, _, names in os.walk(os.path.join(REPO, root)):
+        for name in sorted(names):
+            if name.endswith(".py"):
+                yield os.path.join(dirpath, name)
+
+
+def test_tensorflow_internals_only_behind_the_door():
+    door = os.path.join(REPO, *DOOR.split(".")) + ".py"
+    offenders = {}
+    for root in ("estimator_dist", "model_fns", "input_fns", "tests"):
+        for path in _sources(root):
+            if path != door:
+                found = internals_used(path, imports_only=root == "tests")
+                if found:
+                    offenders[os.path.relpath(path, REPO)] = found
+    assert offenders == {}
+
+
+def test_internals_finder_finds_them(tmp_path):
+    """The check can fail: each kind of use is found, planted in a copy of a real module."""
+    code = tmp_path / "m.py"
+    code.write_text(open(os.path.join(REPO, "estimator_dist", "graph", "xla.py")).read() +
+                    "from tensorflow.python.eager import context\n"
+                    "import tensorflow_estimator.python.estimator.training\n"
+                    "v = graph._collections\n"
+                    "ext._enable_check_health = False\n"
+                    "r = getattr(hook, '_q_runner', None)\n"
+                    "def reduce(*a):\n    return a\n"
+                    "ext.batch_reduce_to = reduce\n"
+                    "del ext.batch_reduce_to\n"
+                    "class Hook(tf.compat.v1.train.CheckpointSaverHook):\n"
+                    "    def __init__(self):\n        self._mine = 1\n"
+                    "    def end(self, session):\n        self._save(session, self._mine)\n"
+                    "s = spec._replace(loss=1)\n")
+    base = len(open(os.path.join(REPO, "estimator_dist", "graph", "xla.py")).read().splitlines())
+    found = [f"{int(line.split(':')[0]) - base}:{line.split(':', 1)[1]}"
+             for line in internals_used(str(code))]
+    assert found == ["1: imports tensorflow.python.eager",
+                     "2: imports tensorflow_estimator.python.estimator.training",
+                     "3: reads ._collections", "4: sets ._enable_check_health",
+                     "5: getattr _q_runner", "8: patches .batch_reduce_to",
+                     "9: deletes .batch_reduce_to", "14: reads TensorFlow's self._save"]
+
+
+SELF_PRIVATE = re.compile(r"self\.(_[A-Za-z]\w*)")
+
+
+def tensorflow_privates_of(cls):
+    """The private names `cls` reads or sets on self that a class it derives from outside the
+    package uses too: TensorFlow's state, even when the subclass sets it itself."""
+    ours = set(SELF_PRIVATE.findall(inspect.getsource(cls))) - NOT_TENSORFLOW
+    theirs = set()
+    for base in cls.__mro__[1:]:
+        if base.__module__.split(".")[0] in ("estimator_dist", "builtins"):
+            continue
+        try:
+            theirs |= set(SELF_PRIVATE.findall(inspect.getsource(base)))
+        except (OSError, TypeError):  # built in C: nothing to read
+            continue
+    return sorted(ours & theirs)
+
+
+def test_subclasses_keep_out_of_tensorflow_state():
+    """Imports the modules that define classes on a base from outside the package."""
+    door = os.path.join(REPO, *DOOR.split(".")) + ".py"
+    offenders = {}
+    for name, path in sorted(modules().items()):
+        tree = ast.parse(open(path).read(), path)
+        derived = [c.name for c in tree.body if isinstance(c, ast.ClassDef) and c.bases]
+        if not derived or path == door:
+            continue
+        module = importlib.import_module(name)
+        for cls in derived:
+            found = tensorflow_privates_of(getattr(module, cls))
+            if found:
+                offenders[f"{name}.{cls}"] = found
+    assert offenders == {}
+
+
+def test_subclass_finder_finds_tensorflow_state(tmp_path, monkeypatch):
+    """The check can fail: a BestExporter that sets TensorFlow's own flag is found."""
+    path = tmp_path / "planted.py"
+    path.write_text("import tensorflow as tf\n\n\nclass Exporter(tf.estimator.BestExporter):\n"
+                    "    def export(self, *args):\n        self._has_exported = False\n"
+                    "        self._mine = 1\n")
+    spec = importlib.util.spec_from_file_location("planted", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "planted", module)  # where inspect finds its source
+    spec.loader.exec_module(module)
+    assert tensorflow_privates_of(module.Exporter) == ["_has_exported"]

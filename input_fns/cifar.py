@@ -369,7 +369,7 @@ def pipeline_options() -> tf.data.Options:
     By default tf.data takes a thread per core and lets each op use them all, which
     on a small machine competes with the training step for the same cores
     (ResNet-20 on 2 cores: 334 -> 283 ms of CPU per step with these settings,
-    docs/performance.md).
+    docs/speed.md).
     """
     options = tf.data.Options()
     options.threading.private_threadpool_size = max(1, devices_lib.available_cores() // 2)

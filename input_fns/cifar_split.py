@@ -9,7 +9,7 @@ or not, is a strided view of 32 rows of 96 contiguous bytes; and the mean and
 standard deviation of every crop are computed once, when the split is loaded.
 The TensorFlow ops this replaces (gather, crop_and_resize, per_image_standardization)
 took five to seven times the CPU per batch, CPU the training step shares
-(docs/performance.md).
+(docs/speed.md).
 """
 import threading
 

@@ -68,7 +68,7 @@ def crop_flip_resize(image_bytes, window, flip, image_size):
 
     The flip is on the uint8 crop, before the resize: the legacy bilinear resize samples
     from the left edge, so a flip after it shifts every sample by (scale - 1) pixels
-    (docs/performance.md: 1.3/255 mean, 11/255 worst, on the bench's photos at 224).
+    (docs/speed.md: 1.3/255 mean, 11/255 worst, on the bench's photos at 224).
     """
     image = tf.image.decode_and_crop_jpeg(image_bytes, window, channels=CHANNELS)
     image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)

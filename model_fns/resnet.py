@@ -40,7 +40,7 @@ def _bn(x, training, name):
     kernel (it uses the fused update only when executing eagerly outside functions,
     as Keras fit does); here the kernel computes them (exponential_avg_factor) and
     two assigns store them: ResNet-20's training graph has 2,278 ops instead of 2,509
-    and ran 2-3% faster (docs/performance.md). Tested equal to the v1 layer.
+    and ran 2-3% faster (docs/speed.md). Tested equal to the v1 layer.
     """
     channels = x.shape[-1]
     on_read = {"synchronization": tf.VariableSynchronization.ON_READ,

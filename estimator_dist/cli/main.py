@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     elif rest:
         subcommand(parser, args.command).unrecognized(rest)
     # oneDNN kernels: ResNet-20 trains ~1.8x faster on CPUs where TensorFlow leaves them off
-    # (measured, docs/performance.md). Must be set before TensorFlow is imported; =0 opts out.
+    # (measured, docs/speed.md). Must be set before TensorFlow is imported; =0 opts out.
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     from estimator_dist import quiet
 

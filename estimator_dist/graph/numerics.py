@@ -36,7 +36,7 @@ def checks_after_last_gradient(enabled: bool = True):
     process; the runner decides). A check run beside a convolution's backward
     kernels holds a core one of the kernel's threads wanted, and the kernel waits
     for its slowest thread; elsewhere the checks fill idle time beside the backward
-    pass and are better left there. Measured (docs/performance.md), against the
+    pass and are better left there. Measured (docs/speed.md), against the
     checks beside the backward pass: ResNet-20 N=1 1.02-1.07 (mirrored N=2, one
     thread per replica, 0.97: so not there), ResNet-8 1.02; a 2- and an 8-layer MLP
     0.97 and 0.95 (so not without convolutions).
@@ -98,7 +98,7 @@ def _checked(values, variables, note="", overflow_ok=None):
     """`values` passed through when all are finite, else check_numerics names the first bad one.
 
     check_numerics scans with one thread, element by element: on every gradient of
-    every step that cost the MLP benchmark ~15% of its step time (docs/performance.md). `is_finite` + `reduce_all` run vectorized on the step's
+    every step that cost the MLP benchmark ~15% of its step time (docs/speed.md). `is_finite` + `reduce_all` run vectorized on the step's
     threads; only a failing step pays for the per-gradient scan and its message.
     """
     with tf.control_dependencies(values if _checks_wait(values) else []):

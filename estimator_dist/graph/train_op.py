@@ -122,7 +122,7 @@ def gradients(optimizer, loss, var_list=None):
     gradient; GATE_NONE, what tf.gradients and Keras' GradientTape do, lets the
     backward pass run on. The guard (numerics.py) still applies nothing before
     every gradient exists. ResNet-20, N=1, in-process alternating bursts: 2-3%
-    faster; the MLP 1% (docs/performance.md).
+    faster; the MLP 1% (docs/speed.md).
     """
     return optimizer.compute_gradients(loss, var_list=var_list,
                                        gate_gradients=tf.compat.v1.train.Optimizer.GATE_NONE)

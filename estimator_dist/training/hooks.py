@@ -70,7 +70,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
     per update run; read once per session and again after every printing run, so
     steps other workers add are caught up), the loss fetched when it is shown.
     Fetching the step and loss and feeding a rate on every run cost the MLP
-    benchmark ~4% of its step under `mirrored` (docs/performance.md).
+    benchmark ~4% of its step under `mirrored` (docs/speed.md).
     """
 
     def __init__(self, global_batch: int, max_steps: int, every_n: int = 100, emit=print,

@@ -6,7 +6,7 @@ and the whole op waits for that shard. So the reader's threads run under
 SCHED_BATCH, which never preempts a running thread when it wakes up, at a high
 nice value, which gives it a small share of a busy core: the kernel runs the
 reader mostly when a core would otherwise idle (between ops, while Python runs
-the hooks), and the step keeps its cores (docs/performance.md). A higher nice
+the hooks), and the step keeps its cores (docs/speed.md). A higher nice
 value alone (SCHED_OTHER) still lets the waking reader preempt the step.
 
 Not SCHED_IDLE: a reader that only ever ran on idle cores could be starved by

@@ -22,7 +22,7 @@ INSTALL_REQUIRES = [
 
 setup(
     name="estimator-dist",
-    version="0.1.0",
+    version="0.7.0",
     description="Estimator-based distributed training service for TensorFlow",
     python_requires=">=3.9,<3.12",
     packages=find_packages(include=["estimator_dist*", "model_fns*", "input_fns*"]),

@@ -5,7 +5,7 @@ before TensorFlow is first imported.
 """
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.7.0"
 
 _PUBLIC = {
     "UserError": "estimator_dist.errors",

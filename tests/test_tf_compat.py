@@ -86,6 +86,13 @@ def test_sync_replicas_hook_and_quiet_queue_runner_end():
         optimizer.minimize(weight * 2.0, global_step=step)
         hook = optimizer.make_session_run_hook(is_chief=True)
         hook.begin()
+        assert internals.is_sync_replicas_hook(hook)
+        assert not internals.is_sync_replicas_hook(tf.compat.v1.train.StopAtStepHook(1))
+        with pytest.raises(ValueError) as raised:
+            optimizer.apply_gradients([])
+        assert internals.raised_by_sync_replicas(raised.value)
+        assert not internals.raised_by_sync_replicas(ValueError("elsewhere"))
+        optimizer.ready_for_local_init_op.mark_used()  # built, never run: no TF warning
         assert internals.sync_optimizer_of(hook) is optimizer
         runner = internals.sync_queue_runner(hook)
         coord = tf.train.Coordinator()

@@ -24,6 +24,7 @@ To add one (a helper branch that needs another internal):
 import contextlib
 import hashlib
 import inspect
+import os
 
 import tensorflow as tf
 from tensorflow.python.client import pywrap_tf_session
@@ -34,6 +35,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import meta_graph
 from tensorflow.python.framework import ops as ops_lib
 from tensorflow.python.lib.io import file_io
+from tensorflow.python.training import sync_replicas_optimizer
 from tensorflow.python.training import training_util
 from tensorflow.python.util import _pywrap_util_port
 from tensorflow.python.util import deprecation
@@ -84,6 +86,7 @@ NAMES = {
         ("_enable_check_health",),
     "tensorflow.python.client.pywrap_tf_session": ("TF_SetTfXlaCpuGlobalJit",),
     "tensorflow.python.util._pywrap_util_port": ("IsMklEnabled",),
+    "tensorflow.python.training.sync_replicas_optimizer": ("_SyncReplicasOptimizerHook",),
     "tensorflow.python.util.deprecation": ("_PRINT_DEPRECATION_WARNINGS",),
     "tensorflow.python.training.training_util": ("_get_or_create_global_step_read",),
     "tensorflow.python.framework.ops": ("get_gradient_function",),
@@ -305,6 +308,23 @@ def resume_best_exporter(exporter, model_dir, best_eval_result, has_exported: bo
 
 
 # SyncReplicasOptimizer
+
+
+def is_sync_replicas_hook(hook) -> bool:
+    """Whether `hook` is the session hook of a SyncReplicasOptimizer."""
+    why = "to find a model_fn's SyncReplicasOptimizer"
+    return isinstance(hook, _attr(sync_replicas_optimizer, "_SyncReplicasOptimizerHook", why))
+
+
+def raised_by_sync_replicas(error: BaseException) -> bool:
+    """Whether `error` was raised from SyncReplicasOptimizer's own module."""
+    source = os.path.splitext(sync_replicas_optimizer.__file__)[0]
+    tb = error.__traceback__
+    while tb is not None:
+        if os.path.splitext(tb.tb_frame.f_code.co_filename)[0] == source:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def sync_optimizer_of(hook):

@@ -22,8 +22,6 @@ from estimator_dist.compat import internals
 from estimator_dist.training import model_fn_wrap
 from estimator_dist.errors import UserError
 
-SOURCE_FILE = "sync_replicas_optimizer.py"  # TensorFlow's module of the optimizer and its hook
-
 
 def refusal(setting: str) -> UserError:
     return UserError(f"tf.compat.v1.train.SyncReplicasOptimizer does not run with {setting}: "
@@ -32,19 +30,8 @@ def refusal(setting: str) -> UserError:
                      f"none); or drop it and keep {setting} with estimator_dist.minimize(loss)")
 
 
-def _raised_inside(error: BaseException) -> bool:
-    """Whether `error` was raised from SyncReplicasOptimizer's own code."""
-    tb = error.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename.endswith(SOURCE_FILE):
-            return True
-        tb = tb.tb_next
-    return False
-
-
 def _sync_hooks(spec):
-    return [h for h in spec.training_hooks
-            if type(h).__module__.endswith("sync_replicas_optimizer")]
+    return [h for h in spec.training_hooks if internals.is_sync_replicas_hook(h)]
 
 
 def checked(model_fn, refused_by: Optional[str]):
@@ -59,7 +46,7 @@ def checked(model_fn, refused_by: Optional[str]):
         try:
             spec = model_fn(features, labels, mode, params, config)
         except Exception as e:  # noqa: BLE001 - only its own failure is turned into the line
-            if refused_by and _raised_inside(e):
+            if refused_by and internals.raised_by_sync_replicas(e):
                 raise refusal(refused_by) from None
             raise
         hooks = _sync_hooks(spec) if mode == model_fn_wrap.TRAIN else []

@@ -10,6 +10,7 @@ from estimator_dist.serving import export as export_lib
 from estimator_dist.distribute import horovod as hvd_lib
 from estimator_dist.distribute import horovod_train
 from estimator_dist.guards import memory
+from estimator_dist.training import hooks
 from estimator_dist.training import model_fn_wrap
 from estimator_dist.graph import numerics
 from estimator_dist.graph import precision
@@ -150,6 +151,8 @@ def reported_build_errors(model_fn, name: str, input_name: str):
             raise UserError(f"model '{name}' returned {type(spec).__name__} from its "
                             f"{mode or ''} call; a model_fn must return a "
                             f"tf.estimator.EstimatorSpec (e.g. estimator_dist.classification_spec)")
+        if mode == tf.estimator.ModeKeys.TRAIN:
+            hooks.record_spec_loss(spec.loss)  # the progress line and weights check read it
         return spec
 
     return model_fn_wrap.around_arguments(model_fn, call)

@@ -1,0 +1,47 @@
+"""TensorFlow's cifar10_estimator tutorial (examples/cifar10_estimator/), migrated as a user
+would: its loss tensor named `loss`, its TFRecords input without prepare(), its tensor input,
+its momentum optimizer with a piecewise schedule, run through the CLI from a fresh folder."""
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from support import REPO, Run, checkpoint_steps, environment, run_cli
+
+EXAMPLE = os.path.join(REPO, "examples", "cifar10_estimator")
+sys.path.insert(0, EXAMPLE)
+import cifar10  # noqa: E402  the example's own module: it writes records in the tutorial's format
+
+# A ResNet-8 four filters wide on 32x32x3 records: a step takes milliseconds.
+TUTORIAL = ["--import", "cifar10_main", "--seed", "1", "--export", "none"]
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """Synthetic CIFAR-10 records in the tutorial's format (train/validation/eval.tfrecords)."""
+    return cifar10.write_synthetic(str(tmp_path_factory.mktemp("cifar10_data")), examples=32)
+
+
+def train(tmp_path, records, *args, timeout=300):
+    """`estimator-dist train` of the tutorial's model from a fresh folder, as a user runs it."""
+    return run_cli("train", *TUTORIAL, "--data_dir", records, *args, cwd=str(tmp_path),
+                   env=environment(EXAMPLE), timeout=timeout)
+
+
+def test_a_learning_rate_of_0_is_caught_though_the_loss_tensor_is_named_loss(tmp_path, records):
+    done = train(tmp_path, records, "--model", "cifar10_resnet_own_train_op",
+                 "--set", "learning_rate=0.0", "--train_steps", "6", "--model_dir", "run")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "no trainable variable changed" in done.stderr and "learning rate" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_the_progress_line_shows_the_spec_loss_of_a_tensor_named_loss(tmp_path, records):
+    done = train(tmp_path, records, "--model", "cifar10_resnet_own_train_op",
+                 "--train_steps", "4", "--model_dir", "run")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"step 4/4  loss \d+\.\d{4}", done.stdout), done.stdout

@@ -4,7 +4,8 @@
 split and the input's data (its prepare()), so bad input leaves model_dir untouched.
 """
 import os
-from dataclasses import asdict, dataclass
+import types
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, List, Optional
 
 
@@ -62,16 +63,40 @@ class Plan:
             **{k: v for k, v in self.input_meta.items()
                if k not in ("serving_features", "plain_features", "image_files",
                             SERVING_INFERRED)},
-            "global_batch_size": self.global_batch,
-            "num_replicas": self.replicas,
-            # Exact data position (training/position.py): where the stream starts and
-            # how many slices each global batch is cut into.
-            "start_step": self.start_step,
-            "batch_slices": 1 if self.strategy.input_gets_global_batch else self.replicas,
-            "batches_per_step": max(1, c.distribute.accumulate_steps),
-            "lr_scale": float(self.replicas) if c.distribute.scale_lr else 1.0,
-            "gradient_compression": c.distribute.gradient_compression,
+            **stream_params(c, self.strategy, self.replicas, self.start_step),
         }
+
+    def prepared(self) -> "Plan":
+        """This plan with the input's prepare() metadata (or its serving features read off
+        its training data). A training task calls it once its strategy exists: reading a
+        dataset that uses map() or a TFRecordDataset starts TensorFlow's eager runtime,
+        after which multi_worker_mirrored can no longer configure its collective ops."""
+        if self.input_meta is not DEFERRED:
+            return self
+        params = {**input_params(self.config, self.per_replica_batch),
+                  **stream_params(self.config, self.strategy, self.replicas, self.start_step)}
+        return replace(self, input_meta=run_prepare(self.input, params))
+
+
+# Plan.input_meta until Plan.prepared() runs the input's prepare().
+DEFERRED = types.MappingProxyType({})
+
+
+def stream_params(config, strategy: StrategySpec, replicas: int, start_step: int = 0):
+    """The run's own keys of params (docs/elastic.md): the global batch and how it is sliced,
+    where the stream starts, the learning-rate scale, the gradient compression."""
+    d = config.distribute
+    return {
+        "global_batch_size": config.train.batch_size,
+        "num_replicas": replicas,
+        # Exact data position (training/position.py): where the stream starts and
+        # how many slices each global batch is cut into.
+        "start_step": start_step,
+        "batch_slices": 1 if strategy.input_gets_global_batch else replicas,
+        "batches_per_step": max(1, d.accumulate_steps),
+        "lr_scale": float(replicas) if d.scale_lr else 1.0,
+        "gradient_compression": d.gradient_compression,
+    }
 
 
 def default_model_dir(config) -> str:
@@ -86,8 +111,12 @@ def input_params(config, per_replica_batch) -> Dict[str, Any]:
             "seed": config.train.seed if config.train.seed >= 0 else None}
 
 
-def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None) -> Plan:
-    """Resolve and check everything a run needs; raises UserError, writes nothing."""
+def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None,
+         defer_prepare: bool = False) -> Plan:
+    """Resolve and check everything a run needs; raises UserError, writes nothing.
+
+    defer_prepare: leave the input's prepare() to Plan.prepared() (a training task runs it
+    once its strategy is built)."""
     model, input_entry = _entries(config)
     name = config.distribute.strategy
     cluster = cluster_lib.from_env(name)
@@ -100,12 +129,11 @@ def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None)
     if claimed or (not role.computes and devices.kind == "GPU"):
         devices_lib.claim_gpus(claimed)  # a ps keeps none: its variables stay on its CPU
     per_replica = _per_replica_batch(config, devices, workers)
-    if input_meta is None:
-        input_meta = run_prepare(input_entry, input_params(config, per_replica))
-    return Plan(config=config, model=model, input=input_entry, devices=devices,
-                replicas=strategies.num_replicas(name, devices, workers),
-                per_replica_batch=per_replica, input_meta=input_meta,
-                model_dir=default_model_dir(config), role=role)
+    p = Plan(config=config, model=model, input=input_entry, devices=devices,
+             replicas=strategies.num_replicas(name, devices, workers),
+             per_replica_batch=per_replica, input_meta=DEFERRED if input_meta is None
+             else input_meta, model_dir=default_model_dir(config), role=role)
+    return p if defer_prepare else p.prepared()
 
 
 def check_cluster_run(config: config_lib.Config, workers: int, local: bool):
@@ -127,7 +155,11 @@ def check_cluster_run(config: config_lib.Config, workers: int, local: bool):
                                           config.distribute.strategy))
     per_replica = _per_replica_batch(config, devices, workers)
     if local:
-        run_prepare(input_entry, input_params(config, per_replica))
+        name = config.distribute.strategy
+        run_prepare(input_entry, {
+            **input_params(config, per_replica),
+            **stream_params(config, strategies.spec(name),
+                            strategies.num_replicas(name, devices, workers))})
 
 
 def cluster_sizes(config: config_lib.Config, low: int, high: int) -> List[int]:

@@ -191,7 +191,7 @@ def train(config: config_lib.Config, out=print, extra_hooks=()) -> Dict[str, Any
     train_op refused after its first updates (UntrainableTrainOp), which trained nothing:
     its only checkpoint holds step 0's initial weights.
     """
-    p = plan(config)
+    p = plan(config, defer_prepare=True)
     created = p.writes_run_files and not os.path.exists(p.model_dir)
     try:
         with model_dir_lock.held(p.model_dir) if p.writes_run_files else \
@@ -215,12 +215,6 @@ def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
     cluster_lib.apply(p.role.tensorflow_cluster)
     say = out if p.role.speaks else silent
     say(describe(p))
-    if p.input_meta.get("plain_features"):
-        say(plain_features_note(p))
-    elif p.input_meta.get(SERVING_INFERRED):
-        say(f"serving input read off input '{p.input.name}''s training data: "
-            f"{export_lib.describe_serving_features(p.input_meta['serving_features'])} "
-            f"(return serving_features from a prepare() to choose it)")
     note = precision.cpu_note(config.compute.mixed_precision)
     if note:
         say(note)
@@ -231,6 +225,9 @@ def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
     with own_server_checked(p):
         strategy = None if not p.role.builds_strategy else strategies.make(
             config.distribute.strategy, p.devices)
+    # The input's own code runs only now, with the checkpoint's step in its params.
+    p = dataclasses.replace(p, start_step=resume_step(p) or 0).prepared()
+    say_serving_input(p, say)
     if p.writes_run_files:  # before anything is written
         check_eval_metric_names(p)
     if p.role.evaluates:
@@ -242,7 +239,7 @@ def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
                             make_input_fn(p, tf.estimator.ModeKeys.TRAIN), p.params(), say=out)
         checkpoints_lib.check_same_lr_scale(p.model_dir, config.distribute.scale_lr,
                                             p.replicas)
-    start_step = resume_step(p)
+    start_step = resume_step(p)  # again: check_resume may have repaired the state file
     # The input continues the data stream at the checkpoint's step (position.py).
     p = dataclasses.replace(p, start_step=start_step or 0)
     if start_step is not None and p.writes_run_files:
@@ -258,6 +255,16 @@ def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
     with scratch_dir(p) as scratch, shadow_dirs_removed(p):
         estimator = build_estimator(p, build_run_config(p, strategy, scratch), warm_start)
         return run_and_summarize(p, estimator, start_step, out, say, extra_hooks)
+
+
+def say_serving_input(p: Plan, say):
+    """The serving input when the run chose it: one tensor, or read off the training data."""
+    if p.input_meta.get("plain_features"):
+        say(plain_features_note(p))
+    elif p.input_meta.get(SERVING_INFERRED):
+        say(f"serving input read off input '{p.input.name}''s training data: "
+            f"{export_lib.describe_serving_features(p.input_meta['serving_features'])} "
+            f"(return serving_features from a prepare() to choose it)")
 
 
 @contextlib.contextmanager

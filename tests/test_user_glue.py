@@ -57,3 +57,67 @@ def test_prepare_and_the_serving_call_get_every_documented_params_key(name, call
     assert got["batch_slices"] == 2 and got["batches_per_step"] == 1
     assert {k: got[k] for k in documented_params_keys()} == \
         {k: p.params()[k] for k in documented_params_keys()}
+
+
+def hint_of(fn):
+    """The one line users_code makes of fn's failure."""
+    with pytest.raises(UserError) as raised:
+        users_code(fn, "model 'm' could not build its train graph", "check its hparams")
+    return str(raised.value)
+
+
+def test_a_tf1_only_name_gets_its_compat_v1_name_not_the_hparams_advice():
+    line = hint_of(lambda: tf.train.MomentumOptimizer(0.1, 0.9))
+    assert "tf.train.MomentumOptimizer is TF1-only: use tf.compat.v1.train.MomentumOptimizer; " \
+           "run tf_upgrade_v2" in line and "check its hparams" not in line
+
+
+def test_tf_contrib_gets_its_replacement():
+    line = hint_of(lambda: tf.contrib.layers.batch_norm(tf.ones([2, 2])))
+    assert "tf.contrib.layers.batch_norm is TF1-only (tf.contrib is gone in TF 2): " \
+           "tf.contrib.layers.batch_norm -> tf.compat.v1.layers.batch_normalization" in line
+    assert "check its hparams" not in line
+
+
+def test_params_used_as_an_object_gets_the_dict_spelling():
+    params = {"weight_decay": 2e-4}
+    line = hint_of(lambda: params.weight_decay)
+    assert "params is a dict here, not tf.contrib.training.HParams: read " \
+           "params['weight_decay'] instead of params.weight_decay" in line
+
+
+def test_a_tf1_dataset_iterator_method_gets_its_compat_v1_function():
+    dataset = tf.data.Dataset.range(3)
+    line = hint_of(lambda: dataset.make_one_shot_iterator())
+    assert "Dataset.make_one_shot_iterator is TF1-only: use " \
+           "tf.compat.v1.data.make_one_shot_iterator(dataset)" in line
+
+
+def test_other_failures_keep_the_callers_advice():
+    line = hint_of(lambda: {}["units"])
+    assert line.endswith("KeyError: 'units'; check its hparams; --verbose shows the traceback")
+
+
+CONTRIB_MODEL = '''
+import tensorflow as tf
+import estimator_dist as ed
+
+
+@ed.register_model("contrib_net", default_input="digits")
+def contrib_net(features, labels, mode, params):
+    x = tf.contrib.layers.batch_norm(features["image"])
+    logits = tf.compat.v1.layers.dense(tf.compat.v1.layers.flatten(x), 10)
+    return ed.classification_spec(logits, labels, mode, params)
+'''
+
+
+def test_a_model_fn_using_tf_contrib_is_one_line_naming_the_replacement(tmp_path):
+    (tmp_path / "contrib_model.py").write_text(CONTRIB_MODEL)
+    done = run_cli("train", "--import", "contrib_model", "--model", "contrib_net",
+                   "--train_steps", "2", "--model_dir", "run", cwd=str(tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "AttributeError: module 'tensorflow' has no attribute 'contrib'; " \
+           "tf.contrib.layers.batch_norm is TF1-only" in done.stderr
+    assert "tf.compat.v1.layers.batch_normalization" in done.stderr
+    assert not os.path.exists(tmp_path / "run")

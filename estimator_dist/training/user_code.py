@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_dist.serving import export as export_lib
+from estimator_dist.training import hints
 from estimator_dist.training import model_fn_wrap
 from estimator_dist import quiet
 from estimator_dist.errors import ReportedError, UserError, first_line
@@ -47,9 +48,10 @@ def import_user_modules(modules):
                             f"given to --import must only define and register (guard its script "
                             f"part with if __name__ == '__main__':)") from None
         except Exception as e:  # noqa: BLE001 - the module's own code failed on import
+            hint = hints.for_error(e)
             raise UserError(f"--import {name}: importing it failed: {type(e).__name__}: "
-                            f"{first_line(e)}; fix the "
-                            f"module (run 'python -c \"import {name}\"' to see the traceback)") from None
+                            f"{first_line(e)}; " + (f"{hint}" if hint else f"fix the module") +
+                            f" (run 'python -c \"import {name}\"' to see the traceback)") from None
 
 
 def users_code(call, what: str, fix):
@@ -67,7 +69,8 @@ def users_code(call, what: str, fix):
             raise reported from None
         if not quiet.is_quiet():
             raise
-        fix = fix(e) if callable(fix) else fix
+        # What fits this error (a TF1-only name, params used as an object) comes first.
+        fix = hints.for_error(e) or (fix(e) if callable(fix) else fix)
         raise UserError(f"{what}: {type(e).__name__}: {first_line(e)}; {fix}; --verbose shows "
                         f"the traceback") from None
 

@@ -45,3 +45,24 @@ def test_the_progress_line_shows_the_spec_loss_of_a_tensor_named_loss(tmp_path, 
                  "--train_steps", "4", "--model_dir", "run")
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"step 4/4  loss \d+\.\d{4}", done.stdout), done.stdout
+
+
+@pytest.mark.parametrize("strategy", ["none", "tower"])
+def test_the_tutorials_tensor_input_trains_where_estimator_takes_tensors(strategy, tmp_path,
+                                                                         records):
+    done = train(tmp_path, records, "--input", "cifar10_batch_tensors", "--strategy", strategy,
+                 "--num_devices", "2" if strategy == "tower" else "1", "--train_steps", "3",
+                 "--eval_steps", "1", "--model", "cifar10_resnet", "--model_dir", "run")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert checkpoint_steps(tmp_path / "run")[-1] == 3
+
+
+def test_the_tutorials_tensor_input_is_one_line_under_a_distribution_strategy(tmp_path, records):
+    done = train(tmp_path, records, "--input", "cifar10_batch_tensors", "--strategy", "mirrored",
+                 "--num_devices", "2", "--train_steps", "3", "--model", "cifar10_resnet",
+                 "--model_dir", "run")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert ("input 'cifar10_batch_tensors' returned tensors, not a tf.data.Dataset, from its "
+            "train call: --strategy mirrored distributes datasets only") in done.stderr
+    assert not os.path.exists(tmp_path / "run")  # no config.yaml, nothing

@@ -116,6 +116,17 @@ def runs_one_device(name: str) -> bool:
     return spec(name).one_device
 
 
+# Strategies that hand Estimator no strategy object (the towers are the model_fn's): an
+# input_fn may return (features, labels) tensors there, as plain Estimator allows.
+TAKE_INPUT_TENSORS = ("none", "tower")
+
+
+def takes_input_tensors(name: str) -> bool:
+    """Whether an input_fn may return tensors instead of a tf.data.Dataset: Estimator's
+    distributed path and Horovod's input take datasets only."""
+    return spec(name) is not None and name in TAKE_INPUT_TENSORS
+
+
 def gpus_to_claim(name: str, devices: Devices) -> Tuple[int, ...]:
     """The GPUs this process keeps visible (claim_gpus): the ones it computes on. A cluster
     strategy would otherwise use every visible GPU while the batch split counts

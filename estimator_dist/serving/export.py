@@ -105,14 +105,20 @@ def check_serving_features(serving_features, where: str):
 
 def inferred_serving_features(dataset, input_name: str) -> Dict[str, Any]:
     """input_meta for an input whose prepare() gives no serving_features (or that has none):
-    serving_features read off its TRAIN dataset's element_spec, each feature's dtype and
-    shape without the batch dimension (an unknown dimension stays open), and plain_features
-    when the features are one tensor rather than a dict."""
-    if not isinstance(dataset, tf.data.Dataset):
+    serving_features read off its TRAIN dataset's element_spec (or the tensors it returns:
+    none and tower take them), each feature's dtype and shape without the batch dimension
+    (an unknown dimension stays open), and plain_features when the features are one tensor
+    rather than a dict."""
+    leaves = tf.nest.flatten(dataset)
+    if isinstance(dataset, tf.data.Dataset):
+        spec = dataset.element_spec
+    elif leaves and all(tf.is_tensor(leaf) for leaf in leaves):  # (features, labels) tensors
+        spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), dataset)
+        spec = tuple(spec) if isinstance(spec, list) else spec
+    else:
         raise UserError(f"input '{input_name}': cannot infer a serving signature from what its "
                         f"input_fn returns ({type(dataset).__name__}); return a tf.data.Dataset "
                         f"of (features, labels), or serving_features from a prepare()")
-    spec = dataset.element_spec
     features = spec[0] if isinstance(spec, tuple) and spec else spec  # labels are optional
     plain = not isinstance(features, dict)
     features = {PLAIN_FEATURE: features} if plain else features

@@ -213,11 +213,24 @@ def make_input_fn(p: Plan, mode):
 
     def input_fn(config=None, input_context=None):
         data = fn(mode, params, config, input_context)
+        check_input_kind(data, p, mode)
         if mode == tf.estimator.ModeKeys.TRAIN:
             memory.check_batch_fits(data, params, p.input.name)
         return data
 
     return input_fn
+
+
+def check_input_kind(data, p: Plan, mode):
+    """(features, labels) tensors instead of a tf.data.Dataset: Estimator takes them without a
+    strategy (none, tower); under the others it failed with a traceback mid-run."""
+    name = p.config.distribute.strategy
+    if isinstance(data, tf.data.Dataset) or strategies.takes_input_tensors(name):
+        return
+    raise UserError(f"input '{p.input.name}' returned tensors, not a tf.data.Dataset, from its "
+                    f"{mode} call: --strategy {name} distributes datasets only; return the "
+                    f"dataset itself (not make_one_shot_iterator(dataset).get_next()), or use "
+                    f"--strategy {' or '.join(strategies.TAKE_INPUT_TENSORS)}")
 
 
 def single_device_estimator(p: Plan) -> tf.estimator.Estimator:

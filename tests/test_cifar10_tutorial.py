@@ -66,3 +66,34 @@ def test_the_tutorials_tensor_input_is_one_line_under_a_distribution_strategy(tm
     assert ("input 'cifar10_batch_tensors' returned tensors, not a tf.data.Dataset, from its "
             "train call: --strategy mirrored distributes datasets only") in done.stderr
     assert not os.path.exists(tmp_path / "run")  # no config.yaml, nothing
+
+
+def trained_variables(model_dir):
+    reader = tf.train.load_checkpoint(str(model_dir))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if name.startswith("resnet/") and "Momentum" not in name}
+
+
+# Batch norm in inference mode (per-replica batch statistics would differ from one device's),
+# no random crops; 32 examples of global batch 16: the schedule steps down after steps 2 and 4.
+EXACT = ["--model", "cifar10_resnet", "--train_steps", "6", "--eval_steps", "1",
+         "--set", "batch_norm_training=false", "--set", "use_distortion=false",
+         "--set", "examples_per_epoch=32", "--set", "boundary_epochs=1,2",
+         "--set", "learning_rate=0.05"]
+
+
+@pytest.mark.parametrize("strategy, flags", [
+    ("tower", ["--strategy", "tower", "--num_devices", "2", "--batch_size", "16"]),
+    ("mirrored", ["--strategy", "mirrored", "--num_devices", "2", "--batch_size", "16"]),
+    ("accumulation", ["--accumulate_steps", "2", "--batch_size", "8"]),
+])
+def test_the_tutorials_momentum_and_piecewise_schedule_equal_one_device(strategy, flags,
+                                                                         tmp_path, records):
+    one = train(tmp_path, records, *EXACT, "--batch_size", "16", "--model_dir", "one")
+    assert one.returncode == 0, one.stdout + one.stderr
+    many = train(tmp_path, records, *EXACT, *flags, "--model_dir", "many")
+    assert many.returncode == 0, many.stdout + many.stderr
+    expected, got = trained_variables(tmp_path / "one"), trained_variables(tmp_path / "many")
+    assert sorted(expected) == sorted(got) and len(expected) > 10
+    worst = max(float(np.max(np.abs(expected[k] - got[k]))) for k in expected)
+    assert worst < 2e-5, (strategy, worst)

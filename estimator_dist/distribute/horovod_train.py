@@ -101,12 +101,12 @@ class _Minimize:
         self.calls = 0
         self.mean_loss = None  # the loss averaged over the ranks that have data
 
-    def __call__(self, loss, params, update_ops=None, var_list=None):
+    def __call__(self, loss, params, update_ops=None, var_list=None, optimizer=None):
         hvd = _hvd()
         self.calls += 1
         compressed = params.get("gradient_compression", "none") == "fp16"
         optimizer = hvd.DistributedOptimizer(
-            train_op_lib.make_optimizer(params),
+            train_op_lib.optimizer_for(params, optimizer),
             compression=hvd.Compression.fp16 if compressed else hvd.Compression.none)
         global_step = tf.compat.v1.train.get_or_create_global_step()
         with tf.control_dependencies(train_op_lib.collect_update_ops(update_ops)):

@@ -120,9 +120,9 @@ class _Recorder:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, loss, params, update_ops=None, var_list=None):
+    def __call__(self, loss, params, update_ops=None, var_list=None, optimizer=None):
         scopes = (tf.compat.v1.get_variable_scope(), tf.compat.v1.get_default_graph().get_name_scope())
-        self.calls.append((loss, params, list(update_ops or []), var_list, scopes))
+        self.calls.append((loss, params, list(update_ops or []), var_list, scopes, optimizer))
         return tf.no_op(name="tower_minimize")
 
 
@@ -191,6 +191,8 @@ class Tower:
     update_ops: List
     var_list: Optional[List]
     scopes: Tuple  # (variable scope, name scope) minimize() was called in
+    # The model_fn's own optimizer (minimize(optimizer=...)); tower 0's applies the step.
+    optimizer: Any = None
 
     @contextlib.contextmanager
     def minimize_scope(self):
@@ -227,10 +229,10 @@ def build_tower(call, model_name, features, labels, params, config) -> Tower:
     if len(recorder.calls) > 1:
         raise UserError(f"model '{model_name}' calls estimator_dist.minimize {len(recorder.calls)} "
                         f"times in one step; --strategy tower and --accumulate_steps support one loss")
-    loss, minimize_params, update_ops, var_list, scopes = recorder.calls[0]
+    loss, minimize_params, update_ops, var_list, scopes, optimizer = recorder.calls[0]
     return Tower(spec=spec, loss=loss, params=minimize_params,
                  update_ops=list(dict.fromkeys(new_updates + update_ops)), var_list=var_list,
-                 scopes=scopes)
+                 scopes=scopes, optimizer=optimizer)
 
 
 def tower_model_fn(model_fn, model_name: str, devices: Sequence[str] = (),
@@ -312,7 +314,7 @@ def _train_spec(towers: List[Tower], sizes, devices, variable_device, accumulate
         grads = combine_gradients(tower_grads, sizes) if len(towers) > 1 else tower_grads[0]
         loss = _mean_loss(towers, sizes)
         with first.minimize_scope():
-            optimizer = train_op_lib.make_optimizer(first.params)
+            optimizer = train_op_lib.optimizer_for(first.params, first.optimizer)
             deps = first.update_ops + [first.spec.train_op]
             train_op, hooks = accumulate.build_train_op(
                 optimizer, list(zip(grads, var_list)), tf.reduce_sum(sizes), accumulate_steps, deps,

@@ -27,7 +27,9 @@ _HANDLERS = []
 
 
 class minimize_handler:  # noqa: N801 - used as a context manager, reads like a function
-    """Context manager: route minimize() calls to `handler(loss, params, update_ops, var_list)`."""
+    """Context manager: route minimize() calls to
+    `handler(loss, params, update_ops, var_list, optimizer)` (optimizer: the model_fn's own, or
+    None: build it from params with optimizer_for)."""
 
     def __init__(self, handler):
         self._handler = handler
@@ -114,6 +116,29 @@ def make_optimizer(params, lr=None):
                     f"fix it with --set optimizer=sgd")
 
 
+def checked_optimizer(optimizer, params):
+    """The model_fn's own optimizer given to minimize(optimizer=...): a tf.compat.v1.train
+    optimizer (a Keras one never steps global_step, and in graph mode never updates)."""
+    if optimizer is None:
+        return None
+    if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        raise UserError(f"estimator_dist.minimize(optimizer=...) got a {type(optimizer).__name__}; "
+                        f"it takes a tf.compat.v1.train optimizer (e.g. "
+                        f"tf.compat.v1.train.MomentumOptimizer(learning_rate, 0.9)), not a "
+                        f"tf.keras one")
+    if float(params.get("lr_scale", 1.0)) != 1.0:
+        raise UserError("--scale_lr scales the learning rate minimize() builds from params; "
+                        "this model_fn gives its own optimizer: drop --scale_lr and multiply "
+                        "its learning rate by params['num_replicas'] in the model_fn")
+    return optimizer
+
+
+def optimizer_for(params, optimizer=None):
+    """The optimizer a step applies with: the model_fn's own (its learning rate and schedule
+    as it built them), else the one params name (make_optimizer)."""
+    return optimizer if optimizer is not None else make_optimizer(params)
+
+
 def gradients(optimizer, loss, var_list=None):
     """`optimizer.compute_gradients` without TF1's default per-op gating (GATE_OP).
 
@@ -166,7 +191,7 @@ def loss_scale():
     return scale
 
 
-def minimize(loss, params=None, update_ops=None, var_list=None):
+def minimize(loss, params=None, update_ops=None, var_list=None, optimizer=None):
     """Build the train op for `loss` from params; call it from a model_fn in TRAIN mode.
 
     Args:
@@ -175,6 +200,11 @@ def minimize(loss, params=None, update_ops=None, var_list=None):
         that takes no params) reads the run's params.
       update_ops: extra ops to run each step, e.g. `model.updates` of Keras layers.
       var_list: variables to train (default: all trainable).
+      optimizer: the model_fn's own tf.compat.v1.train optimizer, with any learning rate
+        or schedule it was built with (e.g. MomentumOptimizer over
+        tf.compat.v1.train.piecewise_constant of the global step); None: the one
+        params["optimizer"] names. Towers, accumulation, compression, the NaN guard and
+        loss scaling apply it as they apply their own.
     Returns:
       The train op; it steps the global step. Its session run fails, changing
       no variable, when the loss or a gradient is NaN or Inf (numerics.py).
@@ -187,9 +217,10 @@ def minimize(loss, params=None, update_ops=None, var_list=None):
       gradient fails the step as in float32.
     """
     params = _params_of_run(params)
+    optimizer = checked_optimizer(optimizer, params)
     if _HANDLERS:
-        return _HANDLERS[-1](loss, params, update_ops, var_list)
-    optimizer = make_optimizer(params)
+        return _HANDLERS[-1](loss, params, update_ops, var_list, optimizer)
+    optimizer = optimizer_for(params, optimizer)
     scale = loss_scale() if loss_scaling_active() else None
     if scale is not None:
         optimizer = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, scale)

@@ -59,8 +59,8 @@ def test_the_tutorials_tensor_input_trains_where_estimator_takes_tensors(strateg
 
 def test_the_tutorials_tensor_input_is_one_line_under_a_distribution_strategy(tmp_path, records):
     done = train(tmp_path, records, "--input", "cifar10_batch_tensors", "--strategy", "mirrored",
-                 "--num_devices", "2", "--train_steps", "3", "--model", "cifar10_resnet",
-                 "--model_dir", "run")
+                 "--num_devices", "2", "--train_steps", "3", "--model",
+                 "cifar10_resnet_own_train_op", "--model_dir", "run")
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert ("input 'cifar10_batch_tensors' returned tensors, not a tf.data.Dataset, from its "
@@ -97,3 +97,35 @@ def test_the_tutorials_momentum_and_piecewise_schedule_equal_one_device(strategy
     assert sorted(expected) == sorted(got) and len(expected) > 10
     worst = max(float(np.max(np.abs(expected[k] - got[k]))) for k in expected)
     assert worst < 2e-5, (strategy, worst)
+
+
+FAILING_STEP = '''
+import tensorflow as tf
+import estimator_dist as ed
+
+
+@ed.register_model("failing_step", default_input="digits")
+def failing_step(features, labels, mode, params):
+    logits = tf.compat.v1.layers.dense(tf.compat.v1.layers.flatten(features["image"]), 10)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    check = tf.debugging.assert_less(loss, -1.0, message="a loss below -1 expected")
+    with tf.control_dependencies([check]):
+        loss = tf.identity(loss)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=ed.minimize(loss, params))
+'''
+
+
+def test_a_task_whose_steps_fail_ends_the_cluster_at_once_without_a_restart(tmp_path):
+    (tmp_path / "failing.py").write_text(FAILING_STEP)
+    run = Run(["--import", "failing", "--model", "failing_step", "--workers", "2", "--ps", "1",
+               "--strategy", "parameter_server", "--train_steps", "5", "--export", "none",
+               "--model_dir", "run"], cwd=str(tmp_path), env=environment(tmp_path), timeout=300)
+    try:
+        assert run.wait() == 1, run.text
+    finally:
+        run.stop()
+    assert "restarting" not in run.text, run.text
+    assert re.search(r"\[launcher\] (chief|worker):0 exited with code 1, a permanent failure "
+                     r"\(1-127: a restart would repeat it\); stopping the cluster\. Its last "
+                     r"line: estimator-dist: error: training failed at step", run.text), run.text
+    assert len(re.findall(r"started chief:0", run.text)) == 1

@@ -121,3 +121,28 @@ def test_a_model_fn_using_tf_contrib_is_one_line_naming_the_replacement(tmp_path
            "tf.contrib.layers.batch_norm is TF1-only" in done.stderr
     assert "tf.compat.v1.layers.batch_normalization" in done.stderr
     assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.parametrize("code, permanent", [
+    (1, True), (2, True), (3, True), (4, True), (5, True), (127, True),
+    (128, False), (130, False), (143, False), (144, False), (255, False), (-9, False), (-15, False)])
+def test_the_launcher_follows_the_tfjob_exit_code_rule(code, permanent):
+    assert supervisor.permanent(code) is permanent
+
+
+# What a worker recreated alone meets at its first step (TF 2.15's collective executor).
+INCARNATION_ERROR = ("Collective ops is aborted by: Device /job:worker/replica:0/task:0/device:"
+                     "CPU:0 current incarnation doesn't match with one in the group. This usually "
+                     "means this worker has restarted but the collective leader hasn't, or this "
+                     "worker connects to a wrong cluster.")
+
+
+def test_a_recreated_workers_incarnation_error_is_a_lost_peer_exit_144():
+    from estimator_dist.errors import EXIT_PEER_LOST
+    from estimator_dist.guards import peers
+
+    error = tf.errors.FailedPreconditionError(None, None, INCARNATION_ERROR)
+    assert peers.is_peer_error(error)
+    assert peers.peer_failed(error, 7, None).exit_code == EXIT_PEER_LOST == 144
+    assert not peers.is_peer_error(tf.errors.FailedPreconditionError(
+        None, None, "Attempting to use uninitialized value dense/kernel"))

@@ -33,6 +33,17 @@ STALL_FACTOR = 20
 # What a step ends with when a peer is gone or was replaced.
 PEER_ERRORS = (tf.errors.CancelledError, tf.errors.UnavailableError, tf.errors.AbortedError,
                tf.errors.DeadlineExceededError)
+# A worker recreated alone meets its group's leader, which still knows its old self:
+# FailedPreconditionError "... current incarnation doesn't match with one in the group".
+INCARNATION = "incarnation"
+
+
+def is_peer_error(error: BaseException) -> bool:
+    """A step that failed because a peer went away or was recreated alone (retryable)."""
+    if isinstance(error, PEER_ERRORS):
+        return True
+    return isinstance(error, tf.errors.FailedPreconditionError) and \
+        INCARNATION in (getattr(error, "message", None) or str(error))
 
 
 class PeerLost(ReportedError):

@@ -239,7 +239,7 @@ class TrainingGuard:
             step = self.hook.step + 1 if self.hook.step is not None else None
             raise preemption.preempted_by_peers(step, first_line(exc),
                                                 tf.train.latest_checkpoint(self.model_dir)) from None
-        if self.stall and isinstance(exc, peers.PEER_ERRORS):
+        if self.stall and peers.is_peer_error(exc):
             step = self.hook.step + 1 if self.hook.step is not None else None
             raise peers.peer_failed(exc, step, tf.train.latest_checkpoint(self.model_dir)) from None
         if numerics.is_non_finite(exc):

@@ -11,7 +11,9 @@ the signal's number (130, 143), as every task does. The launcher's own output ma
 gone (`| tee log` killed by the same Ctrl-C): writing to it never stops the clean-up,
 and each task gets SIGTERM from the kernel if the launcher dies anyway (SIGKILL).
 
-Watchdog: a task that dies is restarted, at most --max_restarts times in all.
+Watchdog: a task that dies is restarted, at most --max_restarts times in all, when its
+exit code says a restart can help (128-255, or killed by a signal); 1-127 is permanent
+(Kubeflow's restartPolicy ExitCode rule): the cluster stops at once with that code.
 Under parameter-server training a dead worker or evaluator is restarted alone
 (the others carry on); a dead ps loses the variables it holds, and under
 multi_worker_mirrored a dead peer hangs the others forever, so in those cases the
@@ -30,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from estimator_dist import timers
-from estimator_dist.errors import EXIT_NON_FINITE, EXIT_STORAGE, EXIT_USER
 from estimator_dist.launch.ports import LOOPBACK, free_ports, release_ports  # noqa: F401
 from estimator_dist.training import roles
 
@@ -39,8 +40,14 @@ EXIT_CLUSTER_FAILED = 3
 # SIGTERM takes to save and exit by itself (preemption.PEER_DEADLINE_S, 20 s).
 STOP_GRACE_SECONDS = 25.0  # timers.py: stop_grace_s
 POLL_SECONDS = 0.2
-# A restart would only repeat these: a user error, a NaN/Inf step, a full disk.
-PERMANENT = (EXIT_USER, EXIT_NON_FINITE, EXIT_STORAGE)
+
+
+def permanent(code: int) -> bool:
+    """The rule of Kubeflow's restartPolicy ExitCode, which the TFJobs `tfjob` writes use:
+    1-127 is a permanent failure (a user error, a NaN/Inf step, a full disk, a crash: a
+    restart would repeat it); 128-255 (preempted 143, peer lost 144) and death by a signal
+    are retried."""
+    return 1 <= code <= 127
 MAX_LOCAL_TASKS = 32  # processes of one local cluster (each holds a TensorFlow runtime)
 
 
@@ -92,6 +99,7 @@ class Task:
     env: Dict[str, str] = field(default_factory=dict)
     ready: Optional[Callable[[], bool]] = field(default=None, repr=False)
     kind: str = ""
+    last_line: str = ""  # its last line of output: said when it fails permanently
 
     @property
     def role(self) -> str:
@@ -162,7 +170,10 @@ class Supervisor:
 
     def _pump(self, task: Task, stream):
         for raw in iter(stream.readline, b""):
-            self._write(f"[{task.name}] " + raw.decode("utf-8", "replace").rstrip("\n"))
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if line.strip():
+                task.last_line = line
+            self._write(f"[{task.name}] " + line)
         stream.close()
 
     def start(self, task: Task):
@@ -249,6 +260,16 @@ class Supervisor:
                      f"(restart {self.restarts}/{self.max_restarts})")
             self.start(task)
 
+    def _failed(self, task: Task, code: int) -> int:
+        """A task failed permanently (permanent()): the cluster ends at once with its code."""
+        if task.reader:
+            task.reader.join(timeout=2)  # its last line, read to the end
+        self.say(f"{task.name} exited with code {code}, a permanent failure (1-127: a restart "
+                 f"would repeat it); stopping the cluster"
+                 + (f". Its last line: {task.last_line.strip()}" if task.last_line else ""))
+        self.stop_all()
+        return code
+
     def _workers_ended_cleanly(self) -> bool:
         """Wait for the workers to exit by themselves; False if one failed or had to be stopped."""
         deadline = time.monotonic() + self.workers_exit_timeout
@@ -307,16 +328,14 @@ class Supervisor:
                     if task.does.chief:
                         if code == 0:
                             return self._finish(task)
-                        if code in PERMANENT:
-                            self.stop_all()
-                            return code
+                        if permanent(code):
+                            return self._failed(task, code)
                         self._restart(task, code)
                         break
                     if code == 0 and task.does.ends_before_chief:
                         continue  # finished its part
-                    if code in PERMANENT:
-                        self.stop_all()
-                        return code
+                    if permanent(code):
+                        return self._failed(task, code)
                     if code != 0:
                         self._restart(task, code)
                         break

@@ -82,6 +82,7 @@ EXACT = ["--model", "cifar10_resnet", "--train_steps", "6", "--eval_steps", "1",
          "--set", "learning_rate=0.05"]
 
 
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy, flags", [
     ("tower", ["--strategy", "tower", "--num_devices", "2", "--batch_size", "16"]),
     ("mirrored", ["--strategy", "mirrored", "--num_devices", "2", "--batch_size", "16"]),
@@ -97,6 +98,29 @@ def test_the_tutorials_momentum_and_piecewise_schedule_equal_one_device(strategy
     assert sorted(expected) == sorted(got) and len(expected) > 10
     worst = max(float(np.max(np.abs(expected[k] - got[k]))) for k in expected)
     assert worst < 2e-5, (strategy, worst)
+
+
+def cluster(tmp_path, records, *args, timeout=540):
+    """`estimator-dist cluster` of the tutorial's model, its ResNet cut to the first conv (the
+    input is what these runs are about; a loaded machine builds every task's graph)."""
+    return Run(["--import", "cifar10_main", "--model", "cifar10_resnet", "--data_dir", records,
+                "--seed", "1", "--export", "none", "--batch_size", "8", "--set", "num_layers=2",
+                *args],
+               cwd=str(tmp_path), env=environment(EXAMPLE), timeout=timeout)
+
+
+@pytest.mark.timeout(600)
+def test_a_tfrecord_input_without_prepare_trains_under_multi_worker_mirrored(tmp_path, records):
+    run = cluster(tmp_path, records, "--workers", "2", "--strategy", "multi_worker_mirrored",
+                  "--train_steps", "3", "--model_dir", "run")
+    try:
+        assert run.wait() == 0, run.text
+    finally:
+        run.stop()
+    assert checkpoint_steps(tmp_path / "run")[-1] == 3
+    assert "[chief:0] features are one tensor, not a dict: SavedModels take it as serving " \
+           "input 'input' [32, 32, 3] float32" in run.text  # read off the training dataset
+    assert "Collective ops must be configured" not in run.text and "restarting" not in run.text
 
 
 FAILING_STEP = '''
@@ -115,11 +139,12 @@ def failing_step(features, labels, mode, params):
 '''
 
 
+@pytest.mark.timeout(600)
 def test_a_task_whose_steps_fail_ends_the_cluster_at_once_without_a_restart(tmp_path):
     (tmp_path / "failing.py").write_text(FAILING_STEP)
     run = Run(["--import", "failing", "--model", "failing_step", "--workers", "2", "--ps", "1",
                "--strategy", "parameter_server", "--train_steps", "5", "--export", "none",
-               "--model_dir", "run"], cwd=str(tmp_path), env=environment(tmp_path), timeout=300)
+               "--model_dir", "run"], cwd=str(tmp_path), env=environment(tmp_path), timeout=540)
     try:
         assert run.wait() == 1, run.text
     finally:

@@ -96,6 +96,17 @@ class Preempted(ReportedError):
     step = None  # the global step training stopped at, when known
 
 
+class RunFinished(ReportedError):
+    """SIGTERM to a cluster task after the chief finished the run (the launcher, or Kubeflow's
+    cleanPodPolicy, stops the tasks still running): the run's normal end, exit 0."""
+
+    exit_code = EXIT_OK
+    label = "done"
+
+    def __init__(self, task: str, step):
+        super().__init__(f"the chief finished the run at step {step}; {task} stopped with it")
+
+
 class Interrupted(ReportedError):
     """Ctrl-C (SIGINT) during a local run's training: a final checkpoint was written."""
 

@@ -123,6 +123,22 @@ def test_a_tfrecord_input_without_prepare_trains_under_multi_worker_mirrored(tmp
     assert "Collective ops must be configured" not in run.text and "restarting" not in run.text
 
 
+@pytest.mark.timeout(600)
+def test_a_parameter_server_run_ends_with_done_lines_not_preemptions(tmp_path, records):
+    run = cluster(tmp_path, records, "--workers", "2", "--ps", "1", "--strategy",
+                  "parameter_server", "--train_steps", "4", "--model_dir", "run")
+    try:
+        assert run.wait() == 0, run.text
+    finally:
+        run.stop()
+    assert "preempted" not in run.text and "143" not in run.text, run.text
+    # The ps never ends by itself; a worker may have ended its own training before the chief.
+    for task in ("ps:0", "worker:0"):
+        stopped = re.search(rf"\[{task}\] estimator-dist: done: the chief finished the run at "
+                            rf"step \d+; {task} stopped with it", run.text)
+        assert stopped or task == "worker:0", run.text
+
+
 FAILING_STEP = '''
 import tensorflow as tf
 import estimator_dist as ed

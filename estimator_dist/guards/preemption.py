@@ -118,11 +118,33 @@ def stop_on_sigterm(make_error):
         yield
 
 
+# A cluster task's question (run.py asks it): the step at which the chief finished the run,
+# or None. Asked on SIGTERM: a task stopped after that is done, not preempted.
+_RUN_FINISHED = []
+
+
+def when_run_finished(check):
+    """Register `check() -> RunFinished or None` for finished_instead (one per process)."""
+    _RUN_FINISHED[:] = [check]
+
+
+def finished_instead(error):
+    """RunFinished instead of a Preempted that came after the chief finished the run."""
+    if not isinstance(error, Preempted) or not _RUN_FINISHED:
+        return error
+    try:
+        finished = _RUN_FINISHED[0]()
+    except Exception:  # noqa: BLE001 - an unreadable marker: preempted it is
+        return error
+    return error if finished is None else finished
+
+
 def exit_now(error, cleanup=None):
     """One line, then exit with the error's code (Preempted: 143) at once: called from a
     thread (SignalWatch's), so nothing is raised into TensorFlow's C++ (an exception raised from a Python signal handler while TF
     ran a callback surfaced as pybind11's "error_already_set: MISMATCH" RuntimeError, exit 1:
     an evaluator SIGTERMed while it waited for a checkpoint, 5 times in 12)."""
+    error = finished_instead(error)
     try:
         if cleanup:
             cleanup()

@@ -196,19 +196,20 @@ class Supervisor:
         """SIGTERM to every task at once, SIGKILL to those alive STOP_GRACE_SECONDS later; by
         PID, never by name. All at once: multi_worker_mirrored workers stop together (their
         vote), and n tasks take one grace period, not n. A ps task only serves variables
-        (checkpoints are the chief's): it is killed once the others are gone, since the
-        chief's final save reads the variables it holds."""
+        (checkpoints are the chief's): it is stopped once the others are gone, since the
+        chief's final save reads the variables it holds (SIGTERM too: it says how it ended)."""
         alive = [t for t in tasks if t.process is not None and t.process.poll() is None]
         servers = [t.process for t in alive if t.does.serves_forever]
         others = [t.process for t in alive if not t.does.serves_forever]
-        for proc in others:
-            proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timers.seconds("stop_grace_s", STOP_GRACE_SECONDS)
-        for proc in others:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for group in (others, servers):
+            for proc in group:
+                proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timers.seconds("stop_grace_s", STOP_GRACE_SECONDS)
+            for proc in group:
+                try:
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
         for proc in others + servers:
             if proc.poll() is None:
                 proc.kill()

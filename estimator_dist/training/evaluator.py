@@ -41,6 +41,19 @@ def mark_end(model_dir: str, global_step: int):
     files.write_text(marker_path(model_dir), json.dumps({"global_step": global_step}))
 
 
+def end_step(model_dir: str, since: float):
+    """The step the chief marked as the run's end, if it did so after `since` (a time.time()):
+    an earlier run's marker does not count. None: training has not ended."""
+    path = marker_path(model_dir)
+    try:
+        if os.path.getmtime(path) < since:
+            return None
+        with open(path) as f:
+            return json.load(f).get("global_step")
+    except (OSError, ValueError):
+        return None
+
+
 class StopWhenTrainingEnded(internals.ContinuousEvalListener):
     """Ends Estimator's evaluation loop once the chief has marked the end of training, and
     backs off while there is no new checkpoint to evaluate."""

@@ -123,6 +123,12 @@ class Role:
         return self.horovod and not self.ranks.is_root
 
     @property
+    def ends_with_the_chief(self) -> bool:
+        """A worker or ps of a TF_CONFIG cluster: stopped (SIGTERM) once the chief finished
+        the run, which is its normal end (exit 0), not a preemption."""
+        return self.in_cluster and self.kind in (WORKER, PS)
+
+    @property
     def trains_in_a_group(self) -> bool:
         """A chief or worker: its steps wait for peers (a deadline bounds its SIGTERM)."""
         return self.kind in (CHIEF, WORKER) and not self.trains_alone

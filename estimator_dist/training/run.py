@@ -27,7 +27,7 @@ from estimator_dist import files
 from estimator_dist import quiet
 from estimator_dist.guards import storage
 from estimator_dist.distribute import strategies
-from estimator_dist.errors import (Interrupted, OutOfMemory, Preempted, StorageError,
+from estimator_dist.errors import (Interrupted, OutOfMemory, Preempted, RunFinished, StorageError,
                                    TrainingFailed, UntrainableTrainOp, UserError, op_error_line)
 from estimator_dist.training import roles
 from estimator_dist.training.hooks import ProgressHook, TrainOpCheckHook, note_stop, step_file_hooks
@@ -193,11 +193,17 @@ def train(config: config_lib.Config, out=print, extra_hooks=()) -> Dict[str, Any
     """
     p = plan(config, defer_prepare=True)
     created = p.writes_run_files and not os.path.exists(p.model_dir)
+    if p.role.ends_with_the_chief:
+        started = time.time()
+        preemption.when_run_finished(lambda: finished_by_chief(p, started))
     try:
         with model_dir_lock.held(p.model_dir) if p.writes_run_files else \
                 contextlib.nullcontext():
             return _train(p, out, extra_hooks)
     except (Preempted, Interrupted) as e:
+        done = preemption.finished_instead(e)
+        if done is not e:
+            raise done from None
         note_stop(e.step)
         raise
     except (UserError, OutOfMemory, StorageError) as e:
@@ -206,6 +212,13 @@ def train(config: config_lib.Config, out=print, extra_hooks=()) -> Dict[str, Any
         if created and os.path.isdir(p.model_dir) and untrained:
             shutil.rmtree(p.model_dir, ignore_errors=True)
         raise
+
+
+def finished_by_chief(p: Plan, started: float) -> Optional[RunFinished]:
+    """For a worker or ps stopped by SIGTERM: RunFinished when the chief marked the run's end
+    after this task started (the launcher then stops the tasks still running)."""
+    step = evaluator_lib.end_step(p.model_dir, started)
+    return None if step is None else RunFinished(p.role.task, step)
 
 
 def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:

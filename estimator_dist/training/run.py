@@ -339,6 +339,22 @@ def export_after_early_stop(p: Plan, estimator, hooks, say):
     say(f"early stop: exported the checkpoint at step {step} as the final export")
 
 
+def export_when_already_trained(p: Plan, estimator, eval_spec, eval_result):
+    """A run resumed at --train_steps: Estimator skipped training and with it the exporters,
+    so a final checkpoint a run with --export none left unexported was never exported (exit 0,
+    no SavedModel). Each exporter runs as at the end of training, unless an export of that
+    step is there already."""
+    latest = tf.train.latest_checkpoint(p.model_dir)
+    if latest is None:
+        return
+    step = checkpoints_lib.step_of(latest)
+    for exporter in eval_spec.exporters:
+        base = os.path.join(p.model_dir, export_lib.EXPORT_SUBDIR, exporter.name)
+        if export_lib.export_of_step(base, step):
+            continue
+        exporter.export(estimator, base, latest, eval_result, is_the_final_export=True)
+
+
 def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say,
                       extra_hooks=()) -> Dict[str, Any]:
     """Train (and evaluate, export) with the progress and guard hooks; report the result."""
@@ -376,6 +392,7 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say,
         # Already at --train_steps: Estimator skipped training, and with it the
         # evaluation that follows a checkpoint; evaluate the final one here.
         result = (estimator.evaluate(eval_spec.input_fn, steps=eval_spec.steps), None)
+        export_when_already_trained(p, estimator, eval_spec, result[0])
     if p.role.evaluates_final_itself:
         result = (evaluate_final_checkpoint(p, eval_spec), None)
     metrics = {k: plain(v) for k, v in (result[0] if result else {}).items()}

@@ -1,0 +1,148 @@
+"""Canned Estimators and TF1 model code as TensorFlow's official examples write them, for the
+tests of test_canned.py (`--import canned_models` with tests/ on PYTHONPATH).
+
+- census: the official wide & deep census input (TextLineDataset + decode_csv over the UCI
+  adult columns, header-less), and canned LinearClassifier, DNNClassifier,
+  DNNLinearCombinedClassifier and a LinearRegressor over numeric, bucketized, vocabulary,
+  hashed, crossed and embedding feature columns, each registered by its `model_fn`.
+- mnist_r1: the official r1 MNIST model_fn (Keras layers in a model_fn, its own Adam
+  train_op); `eval_bug=True` keeps the TF1 loss name of its EVAL branch that TensorFlow 2
+  moved (tf.losses is Keras there).
+"""
+import numpy as np
+import tensorflow as tf
+
+import estimator_dist as ed
+
+CSV_COLUMNS = ["age", "workclass", "education", "education_num", "occupation",
+               "hours_per_week", "income_bracket"]
+CSV_DEFAULTS = [[0], [""], [""], [0], [""], [0], [""]]
+WORKCLASS = ["Private", "Self-emp-not-inc", "Federal-gov", "State-gov"]
+EDUCATION = ["Bachelors", "HS-grad", "Masters", "Some-college"]
+OCCUPATION = ["Tech-support", "Sales", "Exec-managerial", "Craft-repair"]
+
+
+def census_rows(n, seed=0, sep=","):
+    """n census-like CSV lines (no header, as adult.data): the label follows age, education
+    and hours, so a model can learn it."""
+    rng = np.random.RandomState(seed)
+    lines = []
+    for _ in range(n):
+        age = int(rng.randint(18, 70))
+        education = EDUCATION[rng.randint(len(EDUCATION))]
+        hours = int(rng.randint(10, 70))
+        rich = (age > 35) + (education in ("Bachelors", "Masters")) + (hours > 45) >= 2
+        cells = [age, WORKCLASS[rng.randint(len(WORKCLASS))], education,
+                 EDUCATION.index(education) + 9, OCCUPATION[rng.randint(len(OCCUPATION))],
+                 hours, ">50K" if rich else "<=50K"]
+        lines.append(sep.join(map(str, cells)))
+    return "\n".join(lines) + "\n"
+
+
+def census_columns():
+    """The official example's wide and deep columns (build_model_columns), made smaller."""
+    age = tf.feature_column.numeric_column("age")
+    education_num = tf.feature_column.numeric_column("education_num")
+    hours = tf.feature_column.numeric_column("hours_per_week")
+    education = tf.feature_column.categorical_column_with_vocabulary_list("education", EDUCATION)
+    workclass = tf.feature_column.categorical_column_with_vocabulary_list("workclass", WORKCLASS)
+    occupation = tf.feature_column.categorical_column_with_hash_bucket("occupation", 20)
+    age_buckets = tf.feature_column.bucketized_column(age, boundaries=[25, 35, 45, 55])
+    base = [education, workclass, occupation, age_buckets]
+    crossed = [tf.feature_column.crossed_column(["education", "occupation"], 16),
+               tf.feature_column.crossed_column([age_buckets, "education", "occupation"], 16)]
+    wide = base + crossed
+    deep = [age, education_num, hours, tf.feature_column.indicator_column(workclass),
+            tf.feature_column.indicator_column(education),
+            tf.feature_column.embedding_column(occupation, dimension=4)]
+    return wide, deep
+
+
+def census_input(mode, params):
+    """The official census input_fn: header-less CSV lines through decode_csv."""
+    def parse_csv(value):
+        columns = tf.io.decode_csv(value, record_defaults=CSV_DEFAULTS)
+        features = dict(zip(CSV_COLUMNS, columns))
+        labels = features.pop("income_bracket")
+        return features, tf.equal(labels, ">50K")
+
+    dataset = tf.data.TextLineDataset(params["data_path"])
+    if mode == tf.estimator.ModeKeys.TRAIN:
+        dataset = dataset.shuffle(64, seed=1)
+    dataset = dataset.repeat().map(parse_csv)
+    return dataset.batch(params["batch_size"])
+
+
+def census_regression_input(mode, params):
+    """The census rows with hours_per_week as the label to regress."""
+    def parse_csv(value):
+        columns = tf.io.decode_csv(value, record_defaults=CSV_DEFAULTS)
+        features = dict(zip(CSV_COLUMNS, columns))
+        features.pop("income_bracket")
+        return features, tf.cast(features.pop("hours_per_week"), tf.float32)
+
+    dataset = tf.data.TextLineDataset(params["data_path"]).repeat().map(parse_csv)
+    return dataset.batch(params["batch_size"])
+
+
+ed.register_input("census", data_flags=("data_path",))(census_input)
+ed.register_input("census_hours", data_flags=("data_path",))(census_regression_input)
+
+_wide, _deep = census_columns()
+_config = tf.estimator.RunConfig(tf_random_seed=1)
+CANNED = {
+    "census_linear": tf.estimator.LinearClassifier(_wide, config=_config),
+    "census_dnn": tf.estimator.DNNClassifier([8, 4], _deep, config=_config),
+    "census_wide_deep": tf.estimator.DNNLinearCombinedClassifier(
+        linear_feature_columns=_wide, dnn_feature_columns=_deep, dnn_hidden_units=[8, 4],
+        config=_config),
+}
+for _name, _estimator in CANNED.items():
+    ed.register_model(_name, default_input="census")(_estimator.model_fn)
+ed.register_model("census_hours_linear", default_input="census_hours")(
+    tf.estimator.LinearRegressor(_wide, config=_config).model_fn)
+
+
+def mnist_r1_model(features, labels, mode, params):
+    """The official r1 MNIST model_fn (create_model's Keras layers, its own Adam train_op)."""
+    image = features["image"] if isinstance(features, dict) else features
+    model = tf.keras.Sequential([
+        tf.keras.layers.Reshape([28, 28, 1]),
+        tf.keras.layers.Conv2D(4, 5, padding="same", activation="relu"),
+        tf.keras.layers.MaxPooling2D(4, 4),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(10),
+    ])
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        logits = model(image, training=False)
+        predictions = {"classes": tf.argmax(logits, axis=1),
+                       "probabilities": tf.nn.softmax(logits)}
+        return tf.estimator.EstimatorSpec(
+            mode, predictions=predictions,
+            export_outputs={"classify": tf.estimator.export.PredictOutput(predictions)})
+    if mode == tf.estimator.ModeKeys.TRAIN:
+        optimizer = tf.compat.v1.train.AdamOptimizer(learning_rate=1e-3)
+        logits = model(image, training=True)
+        loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels=labels, logits=logits)
+        return tf.estimator.EstimatorSpec(
+            mode, loss=loss,
+            train_op=optimizer.minimize(loss, tf.compat.v1.train.get_or_create_global_step()))
+    logits = model(image, training=False)
+    losses = tf.losses if params.get("eval_bug") else tf.compat.v1.losses
+    loss = losses.sparse_softmax_cross_entropy(labels=labels, logits=logits)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops={
+        "accuracy": tf.compat.v1.metrics.accuracy(labels, tf.argmax(logits, axis=1))})
+
+
+ed.register_model("mnist_r1", hparams={"eval_bug": False}, default_input="mnist_like")(
+    mnist_r1_model)
+
+
+@ed.register_input("mnist_like")
+def mnist_like_input(mode, params):
+    """MNIST-shaped images ([28, 28] floats, as the official dataset.py yields them)."""
+    rng = np.random.RandomState(0)
+    images = rng.rand(64, 28, 28).astype(np.float32)
+    labels = (images[:, :14].mean(axis=(1, 2)) > 0.5).astype(np.int32)
+    dataset = tf.data.Dataset.from_tensor_slices(({"image": images}, labels))
+    return dataset.repeat().batch(params["batch_size"])

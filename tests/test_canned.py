@@ -52,3 +52,28 @@ def test_a_rerun_at_train_steps_exports_the_final_step_it_left_unexported(tmp_pa
     third = run_cli("train", *flags, "--export", "final", env=ENV, timeout=120)
     assert third.returncode == 0 and len(final_export(model_dir)) == 1, third.stderr
 
+
+# -- the EVAL graph is built before the first step ----------------------------------------
+
+def test_the_official_mnist_eval_bug_is_found_before_training_with_the_fix(tmp_path):
+    """The r1 MNIST model_fn's EVAL branch calls tf.losses.sparse_softmax_cross_entropy,
+    which Keras 2.15's tf.losses lacks: it trained every step, then failed evaluating."""
+    model_dir = tmp_path / "mnist"
+    done = run_cli("train", "--import", "canned_models", "--model", "mnist_r1", "--set",
+                   "eval_bug=true", "--batch_size", "8", "--train_steps", "5", "--eval_steps",
+                   "1", "--model_dir", model_dir, env=ENV, timeout=180)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "could not build its eval graph" in lines[0], lines[0]
+    assert "tf.compat.v1.losses.sparse_softmax_cross_entropy" in lines[0], lines[0]
+    assert not os.path.exists(model_dir)  # refused before anything was written: no step
+
+
+def test_the_official_mnist_model_without_the_bug_trains_and_evaluates(tmp_path):
+    done = run_cli("train", "--import", "canned_models", "--model", "mnist_r1", "--batch_size",
+                   "8", "--train_steps", "5", "--eval_steps", "1", "--export", "none",
+                   "--model_dir", tmp_path / "mnist", env=ENV, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "accuracy" in done.stdout
+

@@ -1,5 +1,6 @@
 """The Estimator of a plan: its RunConfig, the model_fn wrapped as the strategy asks
 (towers, accumulation, Horovod, per-replica collections, checks), and the input_fn."""
+import re
 from typing import Optional
 
 import tensorflow as tf
@@ -168,6 +169,9 @@ def build_fix(arguments, input_name: str, error: Optional[BaseException] = None)
         return ("PREDICT mode (the export, serving) passes labels=None and only the serving "
                 "features: return the PREDICT EstimatorSpec (predictions, export_outputs) "
                 "before using labels")
+    moved = tf2_moved_name(error)
+    if moved:
+        return moved
     if arguments.get("mode") in (tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL) and \
             "labels" in arguments and arguments["labels"] is None:
         return (f"it was given labels=None: input '{input_name}' gives features without labels; "
@@ -175,6 +179,23 @@ def build_fix(arguments, input_name: str, error: Optional[BaseException] = None)
                 f"tf.data.Dataset.from_tensor_slices((features, labels))")
     return ("check its hparams (--set, config.yaml; 'estimator-dist list') and that the input "
             "gives the features it reads (--input)")
+
+
+# TF1 code's tf.losses / tf.metrics / tf.layers ... are Keras modules (or gone) in TF 2:
+# "module 'keras.api._v2.keras.losses' has no attribute 'sparse_softmax_cross_entropy'".
+_MISSING_ATTRIBUTE = re.compile(r"module '(?:[\w.]*\.)?(\w+)' has no attribute '(\w+)'")
+
+
+def tf2_moved_name(error: Optional[BaseException]) -> Optional[str]:
+    """The fix for a TF1 name TensorFlow 2 moved, when `error` is that AttributeError."""
+    found = _MISSING_ATTRIBUTE.search(str(error)) if isinstance(error, AttributeError) else None
+    if not found:
+        return None
+    module, name = found.groups()
+    if not hasattr(getattr(tf.compat.v1, module, None), name):
+        return None
+    return (f"TensorFlow 2 has no tf.{module}.{name} (its tf.{module} is another module); "
+            f"spell it tf.compat.v1.{module}.{name}, as TF1 code runs here")
 
 
 def seeded(model_fn, seed: int):

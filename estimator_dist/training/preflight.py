@@ -14,17 +14,18 @@ from estimator_dist.training.plan import Plan
 
 
 def check_eval_metric_names(p: Plan):
-    """--early_stop and --export best's --best_metric must name a metric evaluation reports.
+    """The EVAL graph builds, and --early_stop and --export best's --best_metric name a
+    metric evaluation reports.
 
-    Checked on a scratch EVAL graph (only when one of them is asked for): otherwise a
-    typo shows only at the first evaluation, after checkpoints are written, or never.
+    Checked on a scratch EVAL graph before the first step, as the PREDICT graph is
+    (check_predict_graph): a model_fn whose EVAL branch fails (TF1 code calling a name
+    TensorFlow 2 moved) trained the whole run and failed at the first evaluation; a
+    metric typo showed only there, or never.
     """
     t = p.config.train
     asked = [(flag, metric) for flag, metric in (("--early_stop", t.early_stop),
                                                  ("--best_metric", t.best_metric))
              if metric and (flag == "--early_stop" or t.export == "best")]
-    if not asked:
-        return
     known = checkpoints_lib.in_scratch_graph(
         build_model_fn(p), make_input_fn(p, tf.estimator.ModeKeys.EVAL), p.params(),
         tf.estimator.ModeKeys.EVAL, None, lambda spec: sorted({"loss", *spec.eval_metric_ops}))

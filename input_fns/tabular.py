@@ -96,7 +96,9 @@ def _typed_column(path, name, cells: pd.Series, lines):
     if n_numbers == 0 and n_text == 0:
         raise UserError(f"{path}: column '{name}' has no values; fill it in or remove the column")
     if n_numbers <= n_text:
-        return "categorical", cells.to_numpy(object)
+        # Stripped as numeric cells are (and as predict strips them): raw UCI rows
+        # ("47, Private, ...") otherwise split one class into " Private" and "Private".
+        return "categorical", cells.str.strip().to_numpy(object)
     if n_text:
         i = int(np.argmax(text))
         raise UserError(f"{path} line {lines[i]}, column '{name}': text '{cells.iloc[i]}' in a numeric "

@@ -146,3 +146,24 @@ def mnist_like_input(mode, params):
     labels = (images[:, :14].mean(axis=(1, 2)) > 0.5).astype(np.int32)
     dataset = tf.data.Dataset.from_tensor_slices(({"image": images}, labels))
     return dataset.repeat().batch(params["batch_size"])
+
+
+def mnist_flat_input(mode, params):
+    """MNIST as the official r1 dataset.py yields it: (image [784], label), one tensor."""
+    rng = np.random.RandomState(0)
+    images = rng.rand(64, 784).astype(np.float32)
+    labels = (images[:, :392].mean(axis=1) > 0.5).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((images, labels)).repeat().batch(
+        params["batch_size"])
+
+
+def mnist_receiver():
+    """The official r1 MNIST export's receiver: image [None, 28, 28]."""
+    image = tf.compat.v1.placeholder(tf.float32, [None, 28, 28], name="image")
+    return tf.estimator.export.ServingInputReceiver({"image": image}, {"image": image})
+
+
+ed.register_input("mnist_flat")(mnist_flat_input)
+ed.register_input("mnist_flat_served", serving_input=mnist_receiver)(mnist_flat_input)
+ed.register_model("mnist_r1_served", hparams={"eval_bug": False}, default_input="mnist_flat",
+                  serving_input={"image": [[28, 28], "float32"]})(mnist_r1_model)

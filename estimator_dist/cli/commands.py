@@ -66,7 +66,9 @@ def predict(args):
         predict_lib.check_output_path(args.output, args.input_path)
 
     frame = predict_lib.predict_file(args.saved_model, args.input_path, args.batch_size,
-                                     args.id_column or "")
+                                     args.id_column or "", predict_lib.csv_columns(args),
+                                     say=lambda line: print(line, file=sys.stderr),
+                                     signature_name=args.signature or "")
     if args.output:
         files.write_file(args.output, lambda tmp: frame.to_csv(tmp, index=False))
         print(f"wrote {len(frame)} predictions to {args.output}")

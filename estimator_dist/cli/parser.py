@@ -89,6 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--batch_size", type=int, default=256)
     pr.add_argument("--id_column", type=or_leave_out("a CSV column name", "none"),
                     help="a CSV column that is no feature, passed through as the first output column")
+    pr.add_argument("--signature", type=or_leave_out("a signature name", "the default"),
+                    help="the SavedModel signature to run (default: predict_raw when the "
+                         "export has it, else serving_default); one over serialized "
+                         "tf.Examples is fed the rows as tf.Examples")
+    pr.add_argument("--no_header", action="store_true",
+                    help="the CSV has no header line: its first line is data (name its columns "
+                         "with --columns)")
+    pr.add_argument("--columns", type=or_leave_out("comma-separated column names", "the header"),
+                    help="NAME,NAME,...: the columns of a CSV without a header line, in order "
+                         "(with --no_header)")
     _add_common(pr)
 
     cl = sub.add_parser("cluster", help="run a TF_CONFIG cluster or Horovod ranks as local "

@@ -13,19 +13,21 @@ from estimator_dist.graph.train_op import minimize
 from estimator_dist.errors import UserError
 
 
-class _ExamplesInput:
+class ExamplesInput:
     """An export output whose signature takes the receiver's serialized tf.Examples, not the
     raw feature tensors the export's other signatures take."""
+
+    INPUT_KEY = "inputs"  # the name TF Serving's :classify and :regress feed
 
     def as_signature_def(self, receiver_tensors):
         graph = tf.nest.flatten(self.outputs)[0].graph
         examples = export.serialized_examples(graph)
         if examples is None:  # a feature no fixed-length tf.Example feature can hold
             raise ValueError("this export has no tf.Example input")
-        return super().as_signature_def({"inputs": examples})
+        return super().as_signature_def({self.INPUT_KEY: examples})
 
 
-class ExampleClassificationOutput(_ExamplesInput, tf.estimator.export.ClassificationOutput):
+class ExampleClassificationOutput(ExamplesInput, tf.estimator.export.ClassificationOutput):
     """ClassificationOutput over serialized tf.Examples."""
 
     @property
@@ -33,7 +35,7 @@ class ExampleClassificationOutput(_ExamplesInput, tf.estimator.export.Classifica
         return [self.scores, self.classes]
 
 
-class ExampleRegressionOutput(_ExamplesInput, tf.estimator.export.RegressionOutput):
+class ExampleRegressionOutput(ExamplesInput, tf.estimator.export.RegressionOutput):
     """RegressionOutput over serialized tf.Examples."""
 
     @property

@@ -6,7 +6,7 @@ skips blank lines in its row numbers; so the tabular input (input_fns/tabular.py
 and `predict` both read through the csv module here.
 """
 import csv
-from typing import List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -17,12 +17,14 @@ from estimator_dist.errors import UserError
 MISSING = frozenset({"", "na", "n/a", "nan", "null", "none"})
 
 
-def read_rows(path: str, where: str) -> Tuple[List[str], List[List[str]], np.ndarray]:
+def read_rows(path: str, where: str, columns: Optional[Sequence[str]] = None
+              ) -> Tuple[List[str], List[List[str]], np.ndarray]:
     """(header, rows of str cells, the file line each row starts on); UserError otherwise.
 
     where: how messages name the file, e.g. the path or '--input PATH'.
+    columns: the column names of a file without a header line (its first line is data).
     """
-    header, rows, lines = None, [], []
+    header, rows, lines = (list(columns) if columns else None), [], []
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
@@ -33,8 +35,9 @@ def read_rows(path: str, where: str) -> Tuple[List[str], List[List[str]], np.nda
                     if header is None:
                         header = record
                     elif len(record) != len(header):
+                        named = "--columns names" if columns else "the header has"
                         raise UserError(
-                            f"{where} line {start}: {len(record)} fields but the header has "
+                            f"{where} line {start}: {len(record)} fields but {named} "
                             f"{len(header)}; fix that row (ragged rows are not padded or dropped)")
                     else:
                         rows.append(record)
@@ -51,11 +54,15 @@ def read_rows(path: str, where: str) -> Tuple[List[str], List[List[str]], np.nda
     if header is None:
         raise UserError(f"{where} is empty; it needs a header line and data rows")
     for i, name in enumerate(header):
+        if columns and not name.strip():
+            raise UserError(f"--columns: name {i + 1} is empty; give one name per column, "
+                            f"e.g. --columns age,workclass,education")
         if not name.strip():
             raise UserError(f"{where} line 1: header field {i + 1} is empty (an index written by "
                             f"pandas?); name that column or remove it")
         if header.index(name) != i:
-            raise UserError(f"{where} line 1: column '{name}' appears twice in the header; rename one")
+            raise UserError(f"{'--columns' if columns else where + ' line 1'}: column '{name}' "
+                            f"appears twice; rename one")
     if not rows:
         raise UserError(f"{where} has a header but no data rows")
     return header, rows, np.asarray(lines, np.int64)

@@ -74,6 +74,33 @@ def serving_input_fn(serving_features: Mapping[str, Any]):
     return receiver_fn
 
 
+def receiver_fn(serving):
+    """The receiver fn of a serving input: a receiver fn itself (named at registration), or
+    serving_features ({name: [shape without batch, dtype]}) for serving_input_fn."""
+    return serving if callable(serving) else serving_input_fn(serving)
+
+
+def receiver_features(fn, owner: str) -> Dict[str, Any]:
+    """serving_features of the features a receiver fn hands the model_fn (built in a
+    scratch graph), for the run's description and checks; UserError if it is no receiver."""
+    with tf.Graph().as_default():
+        try:
+            receiver = fn()
+        except Exception as e:  # noqa: BLE001 - the user's function, said in one line
+            raise UserError(f"{owner}: its serving_input function failed: "
+                            f"{type(e).__name__}: {errors.first_line(e)}") from None
+        if not isinstance(receiver, tf.estimator.export.ServingInputReceiver):
+            raise UserError(f"{owner}: its serving_input function returned "
+                            f"{type(receiver).__name__}; it must return a "
+                            f"tf.estimator.export.ServingInputReceiver (e.g. from "
+                            f"tf.estimator.export.build_raw_serving_input_receiver_fn)")
+        features = receiver.features
+        if not isinstance(features, dict):
+            features = {PLAIN_FEATURE: features}
+        return {name: [t.shape.as_list()[1:] if t.shape.rank else [], t.dtype.name]
+                for name, t in features.items()}
+
+
 def serialized_examples(graph) -> Optional[tf.Tensor]:
     """The export's serialized tf.Example input, if its receiver made one."""
     found = graph.get_collection(EXAMPLES_COLLECTION)
@@ -284,7 +311,7 @@ def export_of_step(export_base: str, step: int) -> Optional[str]:
 def make_exporters(mode: str, serving_features, keep: int, best_metric: str = "loss",
                    higher: bool = False) -> List[tf.estimator.Exporter]:
     """Exporters for EvalSpec: latest (every eval), best (by best_metric), final (at the end)."""
-    receiver = serving_input_fn(serving_features)
+    receiver = receiver_fn(serving_features)
     if mode == "latest":
         return [tf.estimator.LatestExporter("latest", receiver, exports_to_keep=keep)]
     if mode == "best":
@@ -318,7 +345,7 @@ def predict_variables(model_fn, serving_features: Mapping[str, Any],
     model_fn): it needs no data, and has none of the training-only variables
     (optimizer slots, accumulators) a checkpoint also holds.
     """
-    return lambda: checkpoints.model_variables(model_fn, serving_input_fn(serving_features), params,
+    return lambda: checkpoints.model_variables(model_fn, receiver_fn(serving_features), params,
                                                mode=tf.estimator.ModeKeys.PREDICT)
 
 
@@ -369,7 +396,7 @@ def export_saved_model(estimator, serving_features: Dict[str, Any], export_base:
     created = files.missing_dirs(export_base)
     try:
         with storage.cleanup_on_failure([export_base]), storage.not_world_writable():
-            path = estimator.export_saved_model(export_base, serving_input_fn(serving_features),
+            path = estimator.export_saved_model(export_base, receiver_fn(serving_features),
                                                 checkpoint_path=checkpoint_path)
     except (tf.errors.OpError, OSError) as e:
         files.remove_empty_dirs(created)

@@ -8,8 +8,10 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
+from estimator_dist.serving import canned
 from estimator_dist.serving import csv_rows
 from estimator_dist.serving import image_input
+from estimator_dist.serving import vocabulary
 from estimator_dist.serving import export as export_lib
 from estimator_dist import errors
 from estimator_dist import files
@@ -34,12 +36,73 @@ def find_saved_model(path: str) -> str:
     return max(exports, key=os.path.basename)
 
 
-def load_signature(path: str):
+def load_signature(path: str, name: str = ""):
+    """(loaded, signature): `name`, or by default the raw-feature signature of a canned
+    Estimator's export (canned.PREDICT_RAW) when there is one, else serving_default."""
     loaded = tf.saved_model.load(path)
-    if SIGNATURE not in loaded.signatures:
-        raise UserError(f"SavedModel {path} has no '{SIGNATURE}' signature; it has "
-                        f"{', '.join(loaded.signatures) or 'none'}")
-    return loaded, loaded.signatures[SIGNATURE]
+    signatures = loaded.signatures
+    has = ", ".join(signatures) or "none"
+    if name:
+        if name not in signatures:
+            raise UserError(f"--signature {name}: SavedModel {path} has no such signature; it "
+                            f"has {has}; give one of those")
+        return loaded, signatures[name]
+    for default in (canned.PREDICT_RAW, SIGNATURE):
+        if default in signatures:
+            return loaded, signatures[default]
+    raise UserError(f"SavedModel {path} has no '{SIGNATURE}' signature; it has {has}; pick one "
+                    f"with --signature NAME, or re-export it (estimator-dist export --model_dir "
+                    f"{model_dir_of(path)}: a canned Estimator's export then has "
+                    f"'{canned.PREDICT_RAW}' over raw features)")
+
+
+# The one input of a signature over serialized tf.Examples (classify/regress: inputs;
+# a canned export's predict: examples).
+EXAMPLE_INPUTS = ("inputs", "examples")
+
+
+def example_input(signature):
+    """The input name of a signature taking one batch of serialized tf.Examples, else None."""
+    specs = input_specs(signature)
+    if len(specs) != 1:
+        return None
+    (name, spec), = specs.items()
+    return name if name in EXAMPLE_INPUTS and spec.dtype == tf.string and \
+        spec.shape.rank == 1 else None
+
+
+def serialized(features: Dict[str, np.ndarray]) -> np.ndarray:
+    """Each example of the features as a serialized tf.Example (float, int64, bytes lists)."""
+    n = len(next(iter(features.values())))
+    rows = []
+    for i in range(n):
+        example = tf.train.Example()
+        for name, values in features.items():
+            value = np.ravel(values[i])
+            feature = example.features.feature[name]
+            if value.dtype.kind in "SOU":
+                feature.bytes_list.value.extend(
+                    v if isinstance(v, bytes) else str(v).encode() for v in value)
+            elif value.dtype.kind in "biu":
+                feature.int64_list.value.extend(int(v) for v in value)
+            else:
+                feature.float_list.value.extend(float(v) for v in value)
+        rows.append(example.SerializeToString())
+    return np.array(rows, dtype=object)
+
+
+def raw_specs(loaded, signature, name: str, path: str):
+    """The raw feature specs to read --input with: the signature's own, or for a signature
+    over serialized tf.Examples the export's raw-feature signature's (the rows are then
+    serialized to tf.Examples)."""
+    if example_input(signature) is None:
+        return input_specs(signature)
+    for raw in (canned.PREDICT_RAW, SIGNATURE):
+        if raw in loaded.signatures and example_input(loaded.signatures[raw]) is None:
+            return input_specs(loaded.signatures[raw])
+    raise UserError(f"--signature {name}: takes serialized tf.Examples, and SavedModel {path} "
+                    f"has no signature over raw features to read --input's columns by; give "
+                    f"a signature over raw features")
 
 
 def input_specs(signature) -> Dict[str, tf.TensorSpec]:
@@ -160,25 +223,27 @@ def _overflows(text: str) -> bool:
         return False
 
 
-def read_csv(path: str, specs, id_column: str = "") -> Dict[str, np.ndarray]:
+def read_csv(path: str, specs, id_column: str = "", columns=None) -> Dict[str, np.ndarray]:
     """The features of a CSV read as training reads one (csv_rows.py): string features keep
-    their raw cells ("" included), numeric ones refuse missing, non-numeric, infinite cells.
-    id_column: a column that is no feature (read_ids passes it through)."""
-    header, cells, lines = _csv_cells(path)
+    their cells ("" included) without surrounding spaces, as numeric cells are read; numeric
+    ones refuse missing, non-numeric, infinite cells.
+    id_column: a column that is no feature (read_ids passes it through).
+    columns: the column names of a CSV without a header line (--columns)."""
+    header, cells, lines = _csv_cells(path, columns)
     if id_column:
         keep = [j for j, column in enumerate(header) if j != _id_index(header, id_column, path)]
         header, cells = [header[j] for j in keep], cells[:, keep]
-    return _features(path, header, cells, lines, specs)
+    return _features(path, header, cells, lines, specs, named=bool(columns))
 
 
-def read_ids(path: str, id_column: str) -> np.ndarray:
+def read_ids(path: str, id_column: str, columns=None) -> np.ndarray:
     """--id_column's cells, in row order, as written."""
-    header, cells, _ = _csv_cells(path)
+    header, cells, _ = _csv_cells(path, columns)
     return cells[:, _id_index(header, id_column, path)]
 
 
-def _csv_cells(path: str):
-    header, rows, lines = csv_rows.read_rows(path, f"--input {path}")
+def _csv_cells(path: str, columns=None):
+    header, rows, lines = csv_rows.read_rows(path, f"--input {path}", columns)
     return header, np.array(rows, dtype=object).reshape(len(rows), len(header)), lines
 
 
@@ -189,7 +254,8 @@ def _id_index(header, id_column: str, path: str) -> int:
     return header.index(id_column)
 
 
-def _features(path, header, cells, lines, specs) -> Dict[str, np.ndarray]:
+def _features(path, header, cells, lines, specs, named=False) -> Dict[str, np.ndarray]:
+    """named: the column names came from --columns (a missing one is no header problem)."""
     by_key: Dict[str, list] = {}
     for j, column in enumerate(header):
         by_key.setdefault(sanitize(column), []).append(j)
@@ -206,7 +272,8 @@ def _features(path, header, cells, lines, specs) -> Dict[str, np.ndarray]:
         matches = by_key.get(sanitize(name), [])
         if not matches:
             raise UserError(f"--input {path}: no column for feature '{name}'; the model takes "
-                            f"{', '.join(specs)}; the file has {', '.join(header)}")
+                            f"{', '.join(specs)}; the file has {', '.join(header)}"
+                            f"{'' if named else NO_HEADER_FIX}")
         if len(matches) > 1:
             raise UserError(f"--input {path}: columns {', '.join(repr(header[j]) for j in matches)} "
                             f"all match feature '{name}'; rename or remove all but one")
@@ -214,11 +281,15 @@ def _features(path, header, cells, lines, specs) -> Dict[str, np.ndarray]:
         if _size(shape) != 1:  # a cell holds one value; TensorFlow aborted on [N] for [N, 8, 8, 1]
             raise UserError(_one_column_error(path, header[matches[0]], name, shape, len(specs)))
         if spec.dtype == tf.string:
-            values = column.astype(object)
+            values = np.array([cell.strip() for cell in column], dtype=object)
         else:
             values = _numeric(column, header[matches[0]], lines, path, spec.dtype.as_numpy_dtype)
         features[name] = values.reshape([len(values)] + shape)
     return features
+
+
+NO_HEADER_FIX = ("; a file without a header line: give --no_header --columns NAME,... (its "
+                 "column names, in order)")
 
 
 def _one_column_error(path, column, name, shape, n_features) -> str:
@@ -240,7 +311,7 @@ def read_npy_like(values, name, spec, path):
     return {name: values.reshape([-1] + shape).astype(spec.dtype.as_numpy_dtype)}
 
 
-def read_inputs(path: str, specs, id_column: str = "") -> Dict[str, np.ndarray]:
+def read_inputs(path: str, specs, id_column: str = "", columns=None) -> Dict[str, np.ndarray]:
     if os.path.isdir(path):
         raise UserError(f"--input {path}: is a directory; give the .csv or .npy file itself")
     if not os.path.isfile(path):
@@ -249,11 +320,15 @@ def read_inputs(path: str, specs, id_column: str = "") -> Dict[str, np.ndarray]:
         if id_column:
             raise UserError(f"--id_column {id_column}: a .npy --input has no columns; give a "
                             f".csv, or leave --id_column out (rows stay in input order)")
+        if columns:
+            raise UserError(f"--columns: a .npy --input has no columns; give a .csv, or leave "
+                            f"--no_header and --columns out")
         features = read_npy(path, specs)
-    elif path.endswith(".csv"):
-        features = read_csv(path, specs, id_column)
+    elif path.endswith(".csv") or columns:  # --no_header: UCI's adult.data, adult.test
+        features = read_csv(path, specs, id_column, columns)
     else:
-        raise UserError(f"--input {path}: unsupported file type; give a .csv or .npy file")
+        raise UserError(f"--input {path}: unsupported file type; give a .csv or .npy file (or "
+                        f"--no_header --columns for a CSV by another name)")
     check_features(features, specs, path)
     return features
 
@@ -313,28 +388,56 @@ def check_output_path(path: str, input_path: str = ""):
                         f"another path")
 
 
+def _text(values: np.ndarray):
+    """String outputs as text (pandas wrote bytes as "b'0'"); other values as they are."""
+    if values.dtype.kind in "SO":
+        return [v.decode() if isinstance(v, bytes) else v for v in values]
+    return values
+
+
 def to_frame(outputs: Dict[str, np.ndarray]) -> pd.DataFrame:
     columns = {}
     for name in sorted(outputs):
         values = outputs[name]
         if values.ndim == 1:
-            columns[name] = [v.decode() if isinstance(v, bytes) else v for v in values]
+            columns[name] = _text(values)
         else:
             flat = values.reshape(len(values), -1)
             for i in range(flat.shape[1]):
-                columns[f"{name}_{i}"] = flat[:, i]
+                columns[f"{name}_{i}"] = _text(flat[:, i])
     return pd.DataFrame(columns)
 
 
+def csv_columns(args):
+    """--no_header and --columns: the column names of a CSV without a header line, or None.
+    Both or neither: a header-less file read without names lost its first row as a header,
+    and names given for a file with a header would read that header as data."""
+    if args.columns and not args.no_header:
+        raise UserError(f"--columns {args.columns}: names the columns of a CSV without a header "
+                        f"line; add --no_header (or drop --columns to read the header)")
+    if args.no_header and not args.columns:
+        raise UserError("--no_header: name the file's columns in order, e.g. --columns "
+                        "age,workclass,education (a column that is no feature is ignored)")
+    if not args.columns:
+        return None
+    return [name.strip() for name in args.columns.split(",")]
+
+
 def predict_file(saved_model: str, input_path: str, batch_size: int = 256,
-                 id_column: str = "") -> pd.DataFrame:
+                 id_column: str = "", columns=None, say=None,
+                 signature_name: str = "") -> pd.DataFrame:
     """Predictions for every row of input_path, in input order; id_column (a CSV column that
     is no feature) passed through as the first column. A classifier exported with label
-    strings gives them as `classes`."""
+    strings gives them as `classes`.
+
+    columns: the column names of a CSV without a header line. say(line): told when string
+    values are outside a vocabulary the export knows (vocabulary.py). signature_name: the
+    signature to run (load_signature's default otherwise); one over serialized tf.Examples
+    is fed the rows as tf.Examples."""
     if batch_size <= 0:
         raise UserError(f"--batch_size {batch_size}: must be > 0")
     path = find_saved_model(saved_model)
-    _, signature = load_signature(path)
+    loaded, signature = load_signature(path, signature_name)
     images = image_input.is_image_input(input_path)
     if images:  # JPEG/PNG files or a folder: prepared as the model's input prepared its images
         if id_column:
@@ -344,7 +447,15 @@ def predict_file(saved_model: str, input_path: str, batch_size: int = 256,
                                                    input_specs(signature), input_path,
                                                    batch_size)
     else:
-        batches = slices(read_inputs(input_path, input_specs(signature), id_column), batch_size)
+        features = read_inputs(input_path, raw_specs(loaded, signature, signature_name, path),
+                               id_column, columns)
+        for note in vocabulary.outside_notes(features, vocabulary.known_vocabularies(path),
+                                             input_path):
+            (say or print)(note)
+        examples = example_input(signature)
+        if examples:
+            features = {examples: serialized(features)}
+        batches = slices(features, batch_size)
     try:
         outputs = run_batches(signature, batches)
     except tf.errors.OpError as e:
@@ -355,5 +466,5 @@ def predict_file(saved_model: str, input_path: str, batch_size: int = 256,
     if images:
         frame.insert(0, image_input.FILE_COLUMN, names)
     if id_column:
-        frame.insert(0, id_column, read_ids(input_path, id_column))
+        frame.insert(0, id_column, read_ids(input_path, id_column, columns))
     return frame

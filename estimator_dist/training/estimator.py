@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from estimator_dist.training import config as config_lib
 from estimator_dist.distribute import devices as devices_lib
+from estimator_dist.serving import canned
 from estimator_dist.serving import export as export_lib
 from estimator_dist.distribute import horovod as hvd_lib
 from estimator_dist.distribute import horovod_train
@@ -24,7 +25,7 @@ from estimator_dist.graph import sync_replicas
 from estimator_dist.graph import towers
 from estimator_dist.graph import xla
 from estimator_dist.errors import UserError
-from estimator_dist.training.plan import Plan, log_every
+from estimator_dist.training.plan import SERVING_NAMED, Plan, log_every
 
 from estimator_dist.training.user_code import checked_input, users_code
 
@@ -72,8 +73,10 @@ def build_model_fn(p: Plan):
         model_fn_wrap.estimator_call(p.model.fn),
         refused_by=strategies.sync_replicas_refused_by(d.strategy, d.accumulate_steps))
     model_fn = serving_checked(seeded(user_fn, p.config.train.seed),
+                               None if p.input_meta.get(SERVING_NAMED) else
                                p.input_meta["serving_features"], p.input.name,
                                plain=bool(p.input_meta.get("plain_features")))
+    model_fn = canned.with_example_signatures(model_fn)
     if p.strategy.wraps_model_fn == specs.HOROVOD_OPTIMIZER:
         model_fn = horovod_train.wrap_model_fn(model_fn, p.model.name)
     elif p.strategy.wraps_model_fn == specs.TOWERS or d.accumulate_steps > 1:
@@ -100,7 +103,7 @@ def serving_checked(model_fn, serving_features, input_name: str, plain: bool = F
     model_fn: with the full signature (model_fn_wrap.estimator_call).
     """
     def checked_model_fn(features, labels, mode, params, config=None):
-        if mode == model_fn_wrap.TRAIN:
+        if mode == model_fn_wrap.TRAIN and serving_features is not None:
             export_lib.check_training_features(features, serving_features, input_name, plain)
         if plain and isinstance(features, dict) and len(features) == 1:
             features = next(iter(features.values()))

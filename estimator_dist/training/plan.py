@@ -17,6 +17,7 @@ from estimator_dist.distribute import horovod as hvd_lib
 from estimator_dist.distribute import strategies
 from estimator_dist.distribute.specs import StrategySpec
 from estimator_dist.training.roles import Role
+from estimator_dist.serving import export as export_lib
 from estimator_dist.training.registry import INPUTS, MODELS, Entry, check_data_flags
 from estimator_dist.training.user_code import SERVING_INFERRED, run_prepare
 
@@ -51,6 +52,15 @@ class Plan:
         return self.role.writes_run_files
 
     @property
+    def serving_input(self):
+        """The export's serving input: a receiver fn named at registration, else the
+        serving_features (export.receiver_fn takes either)."""
+        for entry in (self.model, self.input):
+            if callable(entry.serving_input):
+                return entry.serving_input
+        return self.input_meta["serving_features"]
+
+    @property
     def global_batch(self) -> int:
         return self.config.train.batch_size
 
@@ -62,7 +72,7 @@ class Plan:
             **input_params(c, self.per_replica_batch),
             **{k: v for k, v in self.input_meta.items()
                if k not in ("serving_features", "plain_features", "image_files",
-                            SERVING_INFERRED)},
+                            SERVING_INFERRED, SERVING_NAMED)},
             **stream_params(c, self.strategy, self.replicas, self.start_step),
         }
 
@@ -75,7 +85,8 @@ class Plan:
             return self
         params = {**input_params(self.config, self.per_replica_batch),
                   **stream_params(self.config, self.strategy, self.replicas, self.start_step)}
-        return replace(self, input_meta=run_prepare(self.input, params))
+        return replace(self, input_meta=named_serving_input(
+            self.model, self.input, run_prepare(self.input, params)))
 
 
 # Plan.input_meta until Plan.prepared() runs the input's prepare().
@@ -134,6 +145,24 @@ def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None,
              per_replica_batch=per_replica, input_meta=DEFERRED if input_meta is None
              else input_meta, model_dir=default_model_dir(config), role=role)
     return p if defer_prepare else p.prepared()
+
+
+# input_meta key: who named the serving input (registration's serving_input), e.g. "model
+# 'mnist'"; its shapes are the model's to choose, so training's are not compared with them.
+SERVING_NAMED = "serving_input_named_by"
+
+
+def named_serving_input(model: Entry, input_entry: Entry, input_meta: Dict[str, Any]):
+    """input_meta with the serving input a model (first) or input named at registration."""
+    owner, named = next(((f"{kind} '{e.name}'", e.serving_input)
+                         for kind, e in (("model", model), ("input", input_entry))
+                         if e.serving_input is not None), (None, None))
+    if named is None:
+        return input_meta
+    meta = {k: v for k, v in input_meta.items() if k != SERVING_INFERRED}
+    if callable(named):
+        named = export_lib.receiver_features(named, owner)
+    return {**meta, "serving_features": named, SERVING_NAMED: owner}
 
 
 def check_cluster_run(config: config_lib.Config, workers: int, local: bool):

@@ -42,7 +42,7 @@ def check_predict_graph(p: Plan):
     if p.config.train.export == "none":
         return
     checkpoints_lib.in_scratch_graph(
-        build_model_fn(p), export_lib.serving_input_fn(p.input_meta["serving_features"]),
+        build_model_fn(p), export_lib.receiver_fn(p.serving_input),
         p.params(), tf.estimator.ModeKeys.PREDICT, None, lambda spec: None)
 
 
@@ -134,6 +134,5 @@ def own_server_checked(p: Plan):
 
 def restorable_checkpoint(p: Plan, checkpoint: str) -> str:
     """For evaluate/export: the named or latest checkpoint, read back whole, fitting the model."""
-    variables = export_lib.predict_variables(build_model_fn(p), p.input_meta["serving_features"],
-                                             p.params())
+    variables = export_lib.predict_variables(build_model_fn(p), p.serving_input, p.params())
     return export_lib.resolve_checkpoint(p.model_dir, checkpoint, variables)

@@ -49,6 +49,9 @@ class Entry:
     run_defaults: Mapping[str, Any] = field(default_factory=dict)
     prepare: Optional[Callable] = None
     data_flags: Optional[Tuple[str, ...]] = None  # None: not declared, nothing checked
+    # The serving input it names: {feature: [shape without batch, dtype]}, or a
+    # serving_input_receiver_fn (check_serving_input); None: read off the input.
+    serving_input: Any = None
     doc: str = ""
 
 
@@ -122,7 +125,18 @@ MODELS = Registry("model", MODEL_FN_ARGS, ("features",))
 INPUTS = Registry("input", INPUT_FN_ARGS, (), others_with_default=True)
 
 
-def register_model(name=None, hparams=None, default_input=None, run_defaults=None):
+def check_serving_input(kind: str, name, serving_input):
+    """serving_input at registration: None, {feature: [shape without batch, dtype]} or a
+    function returning a tf.estimator.export.ServingInputReceiver."""
+    if serving_input is None or callable(serving_input):
+        return
+    from estimator_dist.serving import export  # TensorFlow: imported only when used
+
+    export.check_serving_features(serving_input, f"{kind} '{name}': serving_input")
+
+
+def register_model(name=None, hparams=None, default_input=None, run_defaults=None,
+                   serving_input=None):
     """Register an Estimator model_fn: `features` and any of `labels, mode, params, config`.
 
     A model_fn without `params` builds its train op with `estimator_dist.minimize(loss)`,
@@ -134,13 +148,18 @@ def register_model(name=None, hparams=None, default_input=None, run_defaults=Non
       default_input: the registered input used when `--input` is not given.
       run_defaults: this model's defaults for run settings such as batch_size and
         train_steps; a config file or flag still wins.
+      serving_input: what its SavedModels take, when not what the input yields:
+        {feature: [shape without batch, dtype]} (e.g. {"image": [[28, 28], "float32"]}) or
+        a serving_input_receiver_fn. It wins over the input's.
     """
     hparams = dict(hparams or {})
     register = MODELS.register(name, hparams=hparams, default_input=default_input,
-                               run_defaults=dict(run_defaults or {}))
+                               run_defaults=dict(run_defaults or {}),
+                               serving_input=serving_input)
 
     def decorator(fn):
         check_hparams(name or snake_case(fn.__name__), hparams)
+        check_serving_input("model", name or snake_case(fn.__name__), serving_input)
         return register(fn)
 
     return decorator
@@ -162,7 +181,7 @@ def check_hparams(model: str, hparams: Mapping[str, Any]):
                             f"them (saved in config.yaml, set with --set)")
 
 
-def register_input(name=None, prepare=None, data_flags=None):
+def register_input(name=None, prepare=None, data_flags=None, serving_input=None):
     """Register an input function -> tf.data.Dataset of (features, labels).
 
     It takes any of `mode, params, config, input_context` (none included), as Estimator
@@ -180,14 +199,18 @@ def register_input(name=None, prepare=None, data_flags=None):
         pass it to reader_priority.lowered / lower_this_thread, which use 19 then); an input
         without them leaves it out, and an explicit --reader_nice (0 too) is refused. None
         (the default): not declared, not checked.
+      serving_input: what SavedModels of models trained on it take, as for register_model
+        (the model's wins); else prepare()'s serving_features, else read off its data.
     """
+    check_serving_input("input", name, serving_input)
     if data_flags is not None:
         unknown = [f for f in data_flags if f not in DATA_FLAGS]
         if unknown or isinstance(data_flags, str):
             raise UserError(f"input '{name}': data_flags {data_flags!r} must be a tuple of "
                             f"{', '.join(DATA_FLAGS)}")
         data_flags = tuple(data_flags)
-    return INPUTS.register(name, prepare=prepare, data_flags=data_flags)
+    return INPUTS.register(name, prepare=prepare, data_flags=data_flags,
+                           serving_input=serving_input)
 
 
 def check_data_flags(entry: Entry, settings: Mapping[str, Any]):

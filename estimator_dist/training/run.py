@@ -32,7 +32,7 @@ from estimator_dist.errors import (Interrupted, OutOfMemory, Preempted, RunFinis
 from estimator_dist.training import roles
 from estimator_dist.training.hooks import ProgressHook, TrainOpCheckHook, note_stop, step_file_hooks
 from estimator_dist.training.estimator import build_estimator, build_model_fn, build_run_config, make_input_fn, single_device_estimator
-from estimator_dist.training.plan import Plan, describe, log_every, plain_features_note, plan
+from estimator_dist.training.plan import SERVING_NAMED, Plan, describe, log_every, plain_features_note, plan
 from estimator_dist.training.preflight import check_eval_input_ends, check_eval_metric_names, check_predict_graph, own_server_checked, restorable_checkpoint, warm_start_settings
 from estimator_dist.training.summary import checkpoint_step, final_eval_metrics, format_result, plain, save_run_files, silent, write_summary
 from estimator_dist.training.user_code import SERVING_INFERRED
@@ -48,7 +48,7 @@ def build_specs(p: Plan, hooks):
         # `master` ran it twice in an asynchronous run (at steps 30 and 31 of 30).
         exporters=export_lib.make_exporters(
             "none" if t.export == "final" and p.role.exports_final_itself else t.export,
-            p.input_meta["serving_features"], t.keep_checkpoint_max, t.best_metric,
+            p.serving_input, t.keep_checkpoint_max, t.best_metric,
             config_lib.higher_is_better(t.best_metric, t.higher_is_better)),
         start_delay_secs=0, throttle_secs=t.eval_every_secs)
     return train_spec, eval_spec
@@ -102,8 +102,7 @@ def export_from_chief(p: Plan) -> Optional[str]:
         return None
     with cluster_lib.local_only():
         estimator = single_device_estimator(p)
-    return export_lib.export_saved_model(estimator, p.input_meta["serving_features"], base,
-                                         latest)
+    return export_lib.export_saved_model(estimator, p.serving_input, base, latest)
 
 
 def evaluate_final_checkpoint(p: Plan, eval_spec) -> Dict[str, Any]:
@@ -274,6 +273,9 @@ def say_serving_input(p: Plan, say):
     """The serving input when the run chose it: one tensor, or read off the training data."""
     if p.input_meta.get("plain_features"):
         say(plain_features_note(p))
+    elif p.input_meta.get(SERVING_NAMED):
+        say(f"serving input named by {p.input_meta[SERVING_NAMED]}: "
+            f"{export_lib.describe_serving_features(p.input_meta['serving_features'])}")
     elif p.input_meta.get(SERVING_INFERRED):
         say(f"serving input read off input '{p.input.name}''s training data: "
             f"{export_lib.describe_serving_features(p.input_meta['serving_features'])} "
@@ -334,7 +336,7 @@ def export_after_early_stop(p: Plan, estimator, hooks, say):
             step is None or step >= p.config.train.train_steps:
         return
     base = os.path.join(p.model_dir, export_lib.EXPORT_SUBDIR, "final")
-    export_lib.export_saved_model(estimator, p.input_meta["serving_features"], base,
+    export_lib.export_saved_model(estimator, p.serving_input, base,
                                   tf.train.latest_checkpoint(p.model_dir))
     say(f"early stop: exported the checkpoint at step {step} as the final export")
 
@@ -462,5 +464,5 @@ def export(config: config_lib.Config, input_meta: Dict[str, Any], export_base: s
     """Export a SavedModel from a checkpoint on one CPU; no data needed. Refuses as evaluate does."""
     p = plan(config, input_meta=input_meta)
     path = restorable_checkpoint(p, checkpoint)
-    return export_lib.export_saved_model(single_device_estimator(p), input_meta["serving_features"],
+    return export_lib.export_saved_model(single_device_estimator(p), p.serving_input,
                                          export_base, path)

@@ -215,3 +215,26 @@ def test_no_header_and_columns_go_together():
         with pytest.raises(UserError, match="--columns"):
             predict.csv_columns(argparse.Namespace(**flags))
     assert predict.csv_columns(argparse.Namespace(no_header=True, columns="a, b")) == ["a", "b"]
+
+
+# -- a model or input names its serving input -----------------------------------------------
+
+@pytest.mark.parametrize("named_by", [
+    ["--model", "mnist_r1_served"],  # serving_input={"image": [[28, 28], "float32"]}
+    ["--model", "mnist_r1", "--input", "mnist_flat_served"]])  # a receiver fn
+def test_a_model_or_input_names_its_serving_input(tmp_path, named_by):
+    """The official MNIST export takes image [28, 28]; the one read off its [784] training
+    images took [N, 784], and predict refused a [5, 28, 28] array."""
+    model_dir = tmp_path / "mnist"
+    done = run_cli("train", "--import", "canned_models", *named_by, "--batch_size", "8",
+                   "--train_steps", "3", "--eval_steps", "1", "--model_dir", model_dir,
+                   env=ENV, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "serving input named by" in done.stdout and "image [28, 28] float32" in done.stdout
+    (export,) = [os.path.dirname(p) for p in final_export(model_dir)]
+    (spec,) = signatures(export)["serving_default"].structured_input_signature[1].values()
+    assert spec.shape.as_list() == [None, 28, 28]
+    images = tmp_path / "five.npy"
+    np.save(images, np.random.RandomState(1).rand(5, 28, 28).astype(np.float32))
+    frame = predict.predict_file(export, str(images))
+    assert len(frame) == 5 and "classes" in frame.columns

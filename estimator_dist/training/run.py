@@ -271,11 +271,11 @@ def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
 
 def say_serving_input(p: Plan, say):
     """The serving input when the run chose it: one tensor, or read off the training data."""
-    if p.input_meta.get("plain_features"):
-        say(plain_features_note(p))
-    elif p.input_meta.get(SERVING_NAMED):
+    if p.input_meta.get(SERVING_NAMED):
         say(f"serving input named by {p.input_meta[SERVING_NAMED]}: "
             f"{export_lib.describe_serving_features(p.input_meta['serving_features'])}")
+    elif p.input_meta.get("plain_features"):
+        say(plain_features_note(p))
     elif p.input_meta.get(SERVING_INFERRED):
         say(f"serving input read off input '{p.input.name}''s training data: "
             f"{export_lib.describe_serving_features(p.input_meta['serving_features'])} "

@@ -74,7 +74,8 @@ def outside_notes(features: Dict[str, np.ndarray], vocabularies: Dict[str, Froze
         first = outside[0]
         sample = ", ".join(repr(v) for v in sorted(known)[:5])
         notes.append(f"--input {path}: feature '{name}': {len(outside)} of {len(flat)} values are "
-                     f"outside the vocabulary the export knows (first {flat[first]!r}, example {first + 1}; "
+                     f"outside the vocabulary the export knows (first {flat[first]!r}, "
+                     f"example {first + 1}; "
                      f"it knows {len(known)}, e.g. {sample}); they are predicted as "
                      f"out-of-vocabulary")
     return notes

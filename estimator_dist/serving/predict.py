@@ -8,17 +8,15 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
-from estimator_dist.serving import canned
 from estimator_dist.serving import csv_rows
 from estimator_dist.serving import image_input
 from estimator_dist.serving import vocabulary
+from estimator_dist.serving.signatures import (  # noqa: F401 - predict.X for callers
+    SIGNATURE, example_input, input_specs, load_signature, model_dir_of, raw_specs, serialized)
 from estimator_dist.serving import export as export_lib
 from estimator_dist import errors
 from estimator_dist import files
 from estimator_dist.errors import UserError
-
-SIGNATURE = "serving_default"
-
 
 def sanitize(name: str) -> str:
     """Column header -> signature key form (what the built-in inputs export)."""
@@ -34,79 +32,6 @@ def find_saved_model(path: str) -> str:
         raise UserError(f"--saved_model {path}: no saved_model.pb there or under {path}/export; "
                         f"export one first (estimator-dist export --model_dir DIR)")
     return max(exports, key=os.path.basename)
-
-
-def load_signature(path: str, name: str = ""):
-    """(loaded, signature): `name`, or by default the raw-feature signature of a canned
-    Estimator's export (canned.PREDICT_RAW) when there is one, else serving_default."""
-    loaded = tf.saved_model.load(path)
-    signatures = loaded.signatures
-    has = ", ".join(signatures) or "none"
-    if name:
-        if name not in signatures:
-            raise UserError(f"--signature {name}: SavedModel {path} has no such signature; it "
-                            f"has {has}; give one of those")
-        return loaded, signatures[name]
-    for default in (canned.PREDICT_RAW, SIGNATURE):
-        if default in signatures:
-            return loaded, signatures[default]
-    raise UserError(f"SavedModel {path} has no '{SIGNATURE}' signature; it has {has}; pick one "
-                    f"with --signature NAME, or re-export it (estimator-dist export --model_dir "
-                    f"{model_dir_of(path)}: a canned Estimator's export then has "
-                    f"'{canned.PREDICT_RAW}' over raw features)")
-
-
-# The one input of a signature over serialized tf.Examples (classify/regress: inputs;
-# a canned export's predict: examples).
-EXAMPLE_INPUTS = ("inputs", "examples")
-
-
-def example_input(signature):
-    """The input name of a signature taking one batch of serialized tf.Examples, else None."""
-    specs = input_specs(signature)
-    if len(specs) != 1:
-        return None
-    (name, spec), = specs.items()
-    return name if name in EXAMPLE_INPUTS and spec.dtype == tf.string and \
-        spec.shape.rank == 1 else None
-
-
-def serialized(features: Dict[str, np.ndarray]) -> np.ndarray:
-    """Each example of the features as a serialized tf.Example (float, int64, bytes lists)."""
-    n = len(next(iter(features.values())))
-    rows = []
-    for i in range(n):
-        example = tf.train.Example()
-        for name, values in features.items():
-            value = np.ravel(values[i])
-            feature = example.features.feature[name]
-            if value.dtype.kind in "SOU":
-                feature.bytes_list.value.extend(
-                    v if isinstance(v, bytes) else str(v).encode() for v in value)
-            elif value.dtype.kind in "biu":
-                feature.int64_list.value.extend(int(v) for v in value)
-            else:
-                feature.float_list.value.extend(float(v) for v in value)
-        rows.append(example.SerializeToString())
-    return np.array(rows, dtype=object)
-
-
-def raw_specs(loaded, signature, name: str, path: str):
-    """The raw feature specs to read --input with: the signature's own, or for a signature
-    over serialized tf.Examples the export's raw-feature signature's (the rows are then
-    serialized to tf.Examples)."""
-    if example_input(signature) is None:
-        return input_specs(signature)
-    for raw in (canned.PREDICT_RAW, SIGNATURE):
-        if raw in loaded.signatures and example_input(loaded.signatures[raw]) is None:
-            return input_specs(loaded.signatures[raw])
-    raise UserError(f"--signature {name}: takes serialized tf.Examples, and SavedModel {path} "
-                    f"has no signature over raw features to read --input's columns by; give "
-                    f"a signature over raw features")
-
-
-def input_specs(signature) -> Dict[str, tf.TensorSpec]:
-    return dict(signature.structured_input_signature[1])
 
 
 def _feature_shape(spec):
@@ -321,8 +246,8 @@ def read_inputs(path: str, specs, id_column: str = "", columns=None) -> Dict[str
             raise UserError(f"--id_column {id_column}: a .npy --input has no columns; give a "
                             f".csv, or leave --id_column out (rows stay in input order)")
         if columns:
-            raise UserError(f"--columns: a .npy --input has no columns; give a .csv, or leave "
-                            f"--no_header and --columns out")
+            raise UserError("--columns: a .npy --input has no columns; give a .csv, or leave "
+                            "--no_header and --columns out")
         features = read_npy(path, specs)
     elif path.endswith(".csv") or columns:  # --no_header: UCI's adult.data, adult.test
         features = read_csv(path, specs, id_column, columns)
@@ -367,15 +292,6 @@ def run_batches(signature, batches) -> Dict[str, np.ndarray]:
         outputs = signature(**{k: tf.constant(v) for k, v in batch.items()})
         chunks.append({k: t.numpy() for k, t in outputs.items()})
     return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]} if chunks else {}
-
-
-def model_dir_of(saved_model: str) -> str:
-    """The model_dir a SavedModel was exported into (MODEL_DIR/export/...), else 'MODEL_DIR'."""
-    parts = os.path.abspath(saved_model).split(os.sep)
-    if export_lib.EXPORT_SUBDIR in parts[1:]:
-        index = len(parts) - 1 - parts[::-1].index(export_lib.EXPORT_SUBDIR)
-        return os.sep.join(parts[:index]) or os.sep
-    return "MODEL_DIR"
 
 
 def check_output_path(path: str, input_path: str = ""):

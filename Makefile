@@ -93,6 +93,13 @@ cluster: $(STAMP) $(if $(HVD),$(HOROVOD_STAMP))
 	  --model $(MODEL) --model_dir $(MODEL_DIR) $(if $(STEPS),--train_steps $(STEPS)) \
 	  $(if $(filter-out none,$(STRATEGY)),--strategy $(STRATEGY)) $(ARGS)
 
+# A one-node Slurm for the real-Slurm tests (tests/test_slurm_jobs.py, docs/slurm.md): installs
+# Debian's slurmctld, slurmd, slurm-client and munge if missing, starts them, waits for the node
+# to be idle. As root; kept running (0.5 s when it is up already).
+.PHONY: slurm
+slurm:
+	.ci/slurm-up
+
 export: $(STAMP)
 	$(BIN)/estimator-dist export --model_dir $(MODEL_DIR) $(ARGS)
 

@@ -60,6 +60,26 @@ def run_cli(*args, timeout=300, cwd=REPO, env=None):
     return done
 
 
+def slurm_up() -> str:
+    """Why the real-Slurm tests cannot run here ('' when they can: `make slurm` started it)."""
+    import shutil
+
+    if shutil.which("srun") is None:
+        return "Slurm is not installed (make slurm installs and starts it, as root)"
+    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    return "" if "is UP" in ping.stdout else "slurmctld is not running (make slurm starts it)"
+
+
+def srun_cli(srun_args, *args, timeout=300, cwd=REPO, env=None):
+    """`srun SRUN_ARGS python -m estimator_dist ARGS`: a Slurm step whose tasks run the CLI as
+    typed (the finished srun, with `.seconds`)."""
+    started = time.monotonic()
+    done = subprocess.run(["srun", *map(str, srun_args), *cli_argv(*args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    done.seconds = time.monotonic() - started
+    return done
+
+
 def supervise(supervisor) -> int:
     """Run a launcher.Supervisor from the repository, whose tasks run `python -m
     estimator_dist` as a user's would: the chief's exit code."""

@@ -28,7 +28,9 @@ def saved_config(model_dir: str, **flags):
     entry = MODELS.get(data.get("model", ""))
     # --summary_json is training's: its path need not be writable now.
     data.get("train", {}).pop("summary_json", None)
-    flags = {"strategy": "none", "num_devices": 1, "model_dir": model_dir, **flags}
+    # One process: no Slurm step's ps or evaluator task (train's --ps, --evaluator).
+    flags = {"strategy": "none", "num_devices": 1, "model_dir": model_dir, "ps": 0,
+             "evaluator": False, **flags}
     config = config_lib.build_config(data["model"], data, flags, {}, entry.hparams, (),
                                      tuple(data.get("imports") or ()))
     return config_lib.without_ignored(config), resolved
@@ -39,8 +41,26 @@ def train(args):
     # line, in every role: it was a raw -15, or ignored while peers were connecting.
     with preemption.exit_on_sigterm(preemption.outside_the_run):
         config = config_from_args(args)
+        check_slurm_step(config)
         checkpoints.check_same_model(plan_lib.default_model_dir(config), config.model)
         runner.train(config)
+
+
+def check_slurm_step(config):
+    """A task of an srun step (Slurm) checks what `cluster` checks before it launches: every
+    task of the step runs the same checks on the same flags, so all refuse together, with
+    the same line and exit code (the chief alone refusing left its peers waiting for it)."""
+    from estimator_dist.distribute import slurm
+    from estimator_dist.distribute import tf_config
+    from estimator_dist.launch import cluster as launcher
+
+    d = config.distribute
+    spec = tf_config.from_env(d.strategy, ps=d.ps, evaluator=d.evaluator)
+    if spec is None or not slurm.in_step() or os.environ.get(tf_config.TF_CONFIG, "").strip():
+        return
+    launcher.check_shape(spec.num_workers, spec.num_ps, d.strategy)
+    check_evaluations(config, spec.has_evaluator)
+    plan_lib.check_cluster_run(config, spec.num_workers, local=True)
 
 
 def evaluate(args):

@@ -22,7 +22,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional
 
-from estimator_dist.distribute import specs
+from estimator_dist.distribute import slurm, specs
 from estimator_dist.errors import UserError
 
 TF_CONFIG = "TF_CONFIG"
@@ -270,16 +270,36 @@ def check_strategy(spec: ClusterSpec, strategy: str, flags: bool = False):
                         f"parameter_server, or {add_ps} for async training")
 
 
-def from_env(strategy: str, environ=os.environ) -> Optional[ClusterSpec]:
-    """The validated TF_CONFIG of this process, or None when it is unset or empty."""
+def from_env(strategy: str, environ=os.environ, ps: int = 0,
+             evaluator: bool = False) -> Optional[ClusterSpec]:
+    """The validated TF_CONFIG of this process, or None when it is unset or empty.
+
+    Under an srun step with no TF_CONFIG, a multi-process strategy takes its cluster from the
+    step (slurm.py): ps and evaluator say how many of its last tasks are parameter servers
+    and whether the last is an evaluator (train's --ps and --evaluator, for Slurm only).
+    """
     text = environ.get(TF_CONFIG, "").strip()
+    from_slurm = not text and strategy in CLUSTER_STRATEGIES and slurm.in_step(environ)
+    if (ps or evaluator) and not from_slurm:
+        flag = f"--ps {ps}" if ps else "--evaluator"
+        if text:
+            where = "TF_CONFIG describes the cluster; drop it"
+        elif not slurm.in_step(environ):
+            where = f"outside srun run 'estimator-dist cluster {flag}' (or a TFJob)"
+        else:
+            where = f"give --strategy {' or '.join(CLUSTER_STRATEGIES)}"
+        raise UserError(f"{flag}: train takes it only in an srun step (Slurm), for its last "
+                        f"tasks; {where}")
+    if from_slurm:
+        text = slurm.tf_config(environ, ps, evaluator)
     if not text:
         if strategy in CLUSTER_STRATEGIES:
             raise UserError(f"--strategy {strategy} needs TF_CONFIG describing the cluster; start "
-                            f"the tasks with 'estimator-dist cluster' (or a TFJob) or set it")
+                            f"the tasks with 'estimator-dist cluster' (or a TFJob, or srun: "
+                            f"docs/slurm.md) or set it")
         return None
     spec = parse(text, environ.get(VERTEX_CLUSTER_SPEC, ""))
-    check_strategy(spec, strategy)
+    check_strategy(spec, strategy, flags=from_slurm)
     return spec
 
 

@@ -221,6 +221,8 @@ def validate(config: Config):
     if d.variable_device not in VARIABLE_DEVICES:
         raise UserError(f"--variable_device {d.variable_device}: must be "
                         f"{', '.join(VARIABLE_DEVICES[:-1])} or {VARIABLE_DEVICES[-1]}")
+    if d.ps < 0:
+        raise UserError(f"--ps {d.ps}: must be >= 0")
     if d.accumulate_steps < 1:
         raise UserError(f"--accumulate_steps {d.accumulate_steps}: must be >= 1 "
                         f"(1 = apply every batch)")

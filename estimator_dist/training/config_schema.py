@@ -196,6 +196,14 @@ class DistributeConfig:
         "wire), apply them in float32; `mirrored`, `multi_worker_mirrored`, `horovod` (`fp16` "
         "only); see [docs/compression.md](docs/compression.md)", "`none`",
         empty=("none, fp16 or bf16", "none")))
+    ps: int = field(default=0, metadata=flag(
+        "in an srun step (Slurm) only: the step's last N tasks are parameter servers "
+        "(--strategy parameter_server; default 0)",
+        "in an `srun` step only: the step's last N tasks are parameter servers (`cluster` "
+        "and `tfjob` take their own `--ps`); see [docs/slurm.md](docs/slurm.md)", "0", "N"))
+    evaluator: bool = field(default=False, metadata=flag(
+        "in an srun step (Slurm) only: the step's last task is the evaluator",
+        "in an `srun` step only: the step's last task is the evaluator (it exports)", "off"))
 
 
 @dataclass(frozen=True)

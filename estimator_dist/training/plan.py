@@ -130,7 +130,8 @@ def plan(config: config_lib.Config, input_meta: Optional[Dict[str, Any]] = None,
     once its strategy is built)."""
     model, input_entry = _entries(config)
     name = config.distribute.strategy
-    cluster = cluster_lib.from_env(name)
+    cluster = cluster_lib.from_env(name, ps=config.distribute.ps,
+                                   evaluator=config.distribute.evaluator)
     role = Role.of(name, cluster, hvd_lib.init() if strategies.spec(name).uses_horovod else None)
     workers = role.num_workers if role.horovod or (cluster and cluster.is_distributed) else 1
     devices = (hvd_lib.devices(config.distribute.num_devices) if role.horovod

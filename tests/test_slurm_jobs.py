@@ -1,0 +1,57 @@
+"""Training under a real Slurm (`make slurm`: slurmctld + slurmd + munge, one node standing in
+for several): srun steps typed as docs/slurm.md gives them. Skipped with the reason when Slurm
+is not up; under CI (CI=true, which runs `make slurm` first) a missing Slurm fails."""
+import json
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from support import TRAIN, checkpoint_steps, environment, final_export, slurm_up, srun_cli
+
+
+@pytest.fixture
+def slurm_job():
+    """A unique job name; whatever still runs under it is cancelled afterwards."""
+    reason = slurm_up()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {reason}")
+        pytest.skip(reason)
+    name = f"edtest-{uuid.uuid4().hex[:8]}"
+    yield name
+    subprocess.run(["scancel", "--name", name], capture_output=True, timeout=30)
+
+
+def run_args(model_dir, steps=20, *extra):
+    return ["train", *TRAIN, "--train_steps", steps, "--save_checkpoints_steps", steps // 2,
+            "--model_dir", model_dir, *extra]
+
+
+def test_srun_multi_worker_mirrored_as_typed(slurm_job, tmp_path):
+    """`srun -n 2 estimator-dist train --strategy multi_worker_mirrored ...`: task 0 is the
+    chief, both train the same steps, the step ends by itself with exit 0."""
+    model_dir = tmp_path / "run"
+    done = srun_cli(["-n", 2, "--job-name", slurm_job],
+                    *run_args(model_dir, 20, "--strategy", "multi_worker_mirrored"),
+                    cwd=tmp_path, env=environment(short_timers=True), timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "strategy multi_worker_mirrored on chief:0 of 2 worker(s), 0 ps" in done.stdout
+    assert checkpoint_steps(model_dir)[-1] == 20
+    assert final_export(model_dir), done.stdout
+
+
+def test_srun_all_tasks_refuse_together(slurm_job, tmp_path):
+    """A batch the step's replicas cannot split: every task says the same line, exit 2."""
+    model_dir = tmp_path / "run"
+    done = srun_cli(["-n", 3, "--job-name", slurm_job, "--label"],
+                    *run_args(model_dir, 20, "--strategy", "multi_worker_mirrored",
+                              "--batch_size", "32"),
+                    cwd=tmp_path, env=environment(), timeout=180)
+    lines = [line for line in done.stderr.splitlines() if "estimator-dist:" in line]
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert sorted(line.split(":", 1)[0].strip() for line in lines) == ["0", "1", "2"], lines
+    assert len({line.split(":", 1)[1] for line in lines}) == 1, lines
+    assert "not divisible by the 3 replicas" in lines[0]
+    assert not model_dir.exists()

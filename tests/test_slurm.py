@@ -7,6 +7,8 @@ import subprocess
 
 import pytest
 
+import support
+from estimator_dist import timers
 from estimator_dist.distribute import slurm
 from estimator_dist.distribute import tf_config
 from estimator_dist.errors import UserError
@@ -111,3 +113,24 @@ def test_refusals_name_the_fix(env, strategy, ps, evaluator, says):
     assert len(lines) == 1
     line, = lines
     assert says in line and "\n" not in line
+
+
+def test_parameter_server_worker_without_its_ps_exits_144(tmp_path):
+    """A parameter_server worker whose ps tasks are gone (under Slurm nobody stops it) waited
+    forever for its session, silently; now it exits 144 (retryable) at its session deadline,
+    with one line."""
+    ports = support.free_ports(3)
+    try:
+        cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"],
+                   "ps": [f"127.0.0.1:{ports[2]}"]}
+        env = support.environment(
+            TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
+        env[timers.ENV] = "session_deadline_s=8"
+        done = support.run_cli("train", *support.TRAIN, "--strategy", "parameter_server",
+                               "--train_steps", "10", "--model_dir", tmp_path / "run",
+                               env=env, timeout=180)
+    finally:
+        support.release_ports(ports)
+    assert done.returncode == 144, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("estimator-dist:")]
+    assert len(lines) == 1 and "session was not ready after 8 s" in lines[0], done.stderr

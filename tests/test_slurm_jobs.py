@@ -8,7 +8,14 @@ import uuid
 
 import pytest
 
-from support import TRAIN, checkpoint_steps, environment, final_export, slurm_up, srun_cli
+from support import (TRAIN, checkpoint_steps, environment, final_export, short_timers_setting,
+                     slurm_up, srun_cli)
+from estimator_dist import timers
+
+
+def step_env(**extra):
+    """The short timers, and a task still running 5 s after the chief's end ends (not 30)."""
+    return environment(**{timers.ENV: short_timers_setting() + ",step_end_grace_s=5"}, **extra)
 
 
 @pytest.fixture
@@ -55,3 +62,19 @@ def test_srun_all_tasks_refuse_together(slurm_job, tmp_path):
     assert len({line.split(":", 1)[1] for line in lines}) == 1, lines
     assert "not divisible by the 3 replicas" in lines[0]
     assert not model_dir.exists()
+
+
+def test_srun_parameter_server_step_ends_by_itself(slurm_job, tmp_path):
+    """`srun -n 4 ... --strategy parameter_server --ps 1 --evaluator`: chief, worker, ps and
+    evaluator all exit 0 by themselves (the ps served forever: the step never ended), one
+    final export, the evaluator's."""
+    model_dir = tmp_path / "run"
+    done = srun_cli(["-n", 4, "--job-name", slurm_job, "--label"],
+                    *run_args(model_dir, 20, "--strategy", "parameter_server", "--ps", "1",
+                              "--evaluator"),
+                    cwd=tmp_path, env=step_env(), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "strategy parameter_server on chief:0 of 2 worker(s), 1 ps" in done.stdout
+    assert "done: step 20" in done.stdout, done.stdout
+    assert len(final_export(model_dir)) == 1, done.stdout
+    assert checkpoint_steps(model_dir)[-1] >= 20

@@ -30,7 +30,7 @@ def test_named_timers_take_seconds():
 
 @pytest.mark.parametrize("value, message", [
     ("stop_grace=5", "ESTIMATOR_DIST_TEST_TIMERS names 'stop_grace': not a timer; the timers are "
-                     "peer_deadline_s, peer_stall_min_s, stop_grace_s (name=seconds, "
+                     f"{', '.join(sorted(timers.TIMERS))} (name=seconds, "
                      "comma-separated), or unset it"),
     ("stop_grace_s=0", "ESTIMATOR_DIST_TEST_TIMERS stop_grace_s='0': must be a number of seconds "
                        "> 0 (e.g. stop_grace_s=5), or unset it"),
@@ -56,7 +56,7 @@ def test_each_timer_is_read_where_its_default_lives():
         source = open(os.path.join(REPO, "estimator_dist", path)).read()
         assert re.search(rf"^{constant} = [\d.]+ +# timers\.py: {name}$", source, re.M), where
         readers = [p for p in ("guards/peers.py", "guards/training_guard.py",
-                               "launch/supervisor.py")
+                               "launch/supervisor.py", "guards/step_end.py")
                    if f'timers.seconds("{name}", ' in open(os.path.join(
                        REPO, "estimator_dist", p)).read()]
         assert readers, name

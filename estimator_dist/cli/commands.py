@@ -2,6 +2,7 @@
 import os
 import sys
 
+from estimator_dist import errors
 from estimator_dist.distribute import specs
 from estimator_dist.training import checkpoints
 from estimator_dist.training import config as config_lib
@@ -41,13 +42,44 @@ def train(args):
     # line, in every role: it was a raw -15, or ignored while peers were connecting.
     with preemption.exit_on_sigterm(preemption.outside_the_run):
         config = config_from_args(args)
-        check_slurm_step(config)
+        spec = check_slurm_step(config)
         checkpoints.check_same_model(plan_lib.default_model_dir(config), config.model)
+        if spec is None:
+            runner.train(config)
+        else:
+            train_in_slurm_step(config, spec)
+
+
+def train_in_slurm_step(config, spec):
+    """A task of an srun step ends by itself (guards/step_end.py): every task but the ps marks
+    its end in model_dir; every task but the chief watches the chief's."""
+    from estimator_dist.guards import step_end
+
+    model_dir = plan_lib.default_model_dir(config)
+    task = f"{spec.task_type}:{spec.task_index}"
+    if spec.is_chief:
+        step_end.clear_stale(model_dir)
+    else:
+        step_end.start(model_dir, task, [f"worker:{i}" for i in range(spec.num_workers - 1)])
+    code = errors.EXIT_INTERNAL
+    try:
         runner.train(config)
+        code = errors.EXIT_OK
+    except errors.ReportedError as e:
+        code = e.exit_code
+        raise
+    except KeyboardInterrupt:
+        code = errors.EXIT_INTERRUPTED
+        raise
+    finally:
+        if spec.task_type != "ps":
+            step_end.mark(model_dir, task, code)
 
 
 def check_slurm_step(config):
-    """A task of an srun step (Slurm) checks what `cluster` checks before it launches: every
+    """The cluster of an srun step (None outside one, or with TF_CONFIG set).
+
+    A task of an srun step (Slurm) checks what `cluster` checks before it launches: every
     task of the step runs the same checks on the same flags, so all refuse together, with
     the same line and exit code (the chief alone refusing left its peers waiting for it)."""
     from estimator_dist.distribute import slurm
@@ -57,10 +89,11 @@ def check_slurm_step(config):
     d = config.distribute
     spec = tf_config.from_env(d.strategy, ps=d.ps, evaluator=d.evaluator)
     if spec is None or not slurm.in_step() or os.environ.get(tf_config.TF_CONFIG, "").strip():
-        return
+        return None
     launcher.check_shape(spec.num_workers, spec.num_ps, d.strategy)
     check_evaluations(config, spec.has_evaluator)
     plan_lib.check_cluster_run(config, spec.num_workers, local=True)
+    return spec
 
 
 def evaluate(args):

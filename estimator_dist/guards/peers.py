@@ -27,6 +27,12 @@ from estimator_dist.guards import preemption
 from estimator_dist.errors import EXIT_PEER_LOST, ReportedError, op_error_line
 
 PEER_STALL_MIN_S = 60.0  # timers.py: peer_stall_min_s
+# A parameter_server worker whose session is not ready after this long: its ps tasks (or the
+# chief) are gone or never came (under Slurm no launcher stops it: it waited forever).
+SESSION_DEADLINE_S = 900.0  # timers.py: session_deadline_s
+ALL_REDUCE_PEER = ("a peer worker is gone (a worker restarted alone cannot rejoin the others' "
+                   "all-reduce)")
+PS_PEER = "a ps task (or the chief) is gone"
 # The first step waits for every peer to start (a pod may wait for its node or image).
 FIRST_STEP_LIMIT_S = 900.0
 STALL_FACTOR = 20
@@ -72,10 +78,29 @@ class _StepEnded(tf.compat.v1.train.SessionRunHook):
         self._stall.step_ended()
 
 
-def stalled(seconds: float, steps: int, latest) -> PeerLost:
+def stalled(seconds: float, steps: int, latest, lost: str = ALL_REDUCE_PEER) -> PeerLost:
     return PeerLost(f"a training step has not returned for {seconds:.0f} s (after {steps} steps "
-                    f"of this run): a peer worker is gone (a worker restarted alone cannot rejoin "
-                    f"the others' all-reduce); {_resume(latest)}")
+                    f"of this run): {lost}; {_resume(latest)}")
+
+
+def session_not_ready(seconds: float, latest) -> PeerLost:
+    return PeerLost(f"this worker's training session was not ready after {seconds:.0f} s: "
+                    f"{PS_PEER} or never came; {_resume(latest)}")
+
+
+def session_deadline(created, model_dir: str) -> threading.Timer:
+    """Exit EXIT_PEER_LOST unless `created()` (the session exists) SESSION_DEADLINE_S from now
+    (a parameter_server worker; cancel() the timer when training ends)."""
+    seconds = timers.seconds("session_deadline_s", SESSION_DEADLINE_S)
+
+    def check():
+        if not created():
+            preemption.exit_now(session_not_ready(seconds, tf.train.latest_checkpoint(model_dir)))
+
+    timer = threading.Timer(seconds, check)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 class StallHook(tf.compat.v1.train.SessionRunHook):
@@ -88,8 +113,10 @@ class StallHook(tf.compat.v1.train.SessionRunHook):
     MWMS worker exit 144 after 60 s.
     """
 
-    def __init__(self, model_dir: str, min_seconds: Optional[float] = None, poll_s: float = 1.0):
+    def __init__(self, model_dir: str, min_seconds: Optional[float] = None, poll_s: float = 1.0,
+                 lost: str = ALL_REDUCE_PEER):
         self._model_dir = model_dir
+        self._lost = lost
         self._min = (timers.seconds("peer_stall_min_s", PEER_STALL_MIN_S) if min_seconds is None
                      else min_seconds)
         self._poll = poll_s
@@ -131,4 +158,5 @@ class StallHook(tf.compat.v1.train.SessionRunHook):
             started = self._started
             if started is not None and time.monotonic() - started > self.limit():
                 latest = tf.train.latest_checkpoint(self._model_dir)
-                preemption.exit_now(stalled(time.monotonic() - started, self._steps, latest))
+                preemption.exit_now(stalled(time.monotonic() - started, self._steps, latest,
+                                            self._lost))

@@ -33,7 +33,11 @@ from estimator_dist import timers
 from estimator_dist.guards import storage
 from estimator_dist.errors import (ReportedError, StorageError, TrainingFailed, first_line,
                                    op_error_line)
-from estimator_dist.training.roles import Role
+from estimator_dist.guards import step_end
+from estimator_dist.training.roles import PS, WORKER, Role
+
+# A Slurm step's ps on SIGTERM outlives the chief's deadline (PEER_DEADLINE_S) by this much.
+PS_MARGIN_S = 10.0
 
 
 class GuardHook(tf.compat.v1.train.SessionRunHook):
@@ -145,6 +149,13 @@ class TrainingGuard:
         self.vote = preemption_vote.VoteHook(role.num_workers, runs_per_step) if votes else None
         # The same workers step together: one gone stalls the others (peers.py).
         self.stall = peers.StallHook(model_dir) if votes and role.num_workers > 1 else None
+        # A parameter_server worker: its steps and its session wait for the ps tasks, which
+        # may be gone (under Slurm nobody stops it then): step and session deadlines, 144.
+        self.ps_worker = role.kind == WORKER and role.in_cluster and not votes and \
+            role.cluster.num_ps > 0
+        if self.ps_worker:
+            self.stall = peers.StallHook(model_dir, lost=peers.PS_PEER)
+        self._session_deadline = None
         self.hook = GuardHook(model_dir, runs_per_step, saves_on_stop=not votes)
         # Finishes its step and saves on SIGTERM; the others exit at once.
         self.handles_sigterm = role.saves_on_sigterm
@@ -213,9 +224,20 @@ class TrainingGuard:
         if self.handles_sigterm:
             self._stack.enter_context(preemption.on_sigterm(self._on_sigterm,
                                                             at_once=self._start_deadline))
+        elif self.role.kind == PS and step_end.current():
+            # An srun step's ps: Slurm signals every task at once; it serves until the chief
+            # has saved its final checkpoint (step_end.py).
+            watch = step_end.current()
+            limit = timers.seconds("peer_deadline_s", preemption.PEER_DEADLINE_S) + PS_MARGIN_S
+            self._stack.enter_context(preemption.on_sigterm(
+                lambda: None, at_once=lambda: watch.on_signal(
+                    limit, lambda: tf.train.latest_checkpoint(self.model_dir))))
         else:
             self._stack.enter_context(preemption.exit_on_sigterm(
                 self._stopped, cleanup=self._remove_own_temp_files))
+        if self.ps_worker:
+            self._session_deadline = peers.session_deadline(
+                lambda: self.hook.session_created, self.model_dir)
         # Ctrl-C in a local run stops as SIGTERM does, exit 130: it dropped every step since
         # the last checkpoint. A cluster's tasks are stopped by their launcher.
         self._stack.enter_context(preemption.on_signal(
@@ -224,6 +246,8 @@ class TrainingGuard:
 
     def __exit__(self, exc_type, exc, tb):
         self._stack.close()
+        if self._session_deadline:
+            self._session_deadline.cancel()
         if exc is None and self.vote and self.vote.stopped_at is not None:
             raise preemption_vote.preempted(self.vote, self.role.names_checkpoint_on_vote,
                                             self.model_dir)

@@ -141,10 +141,10 @@ class Run:
     together in `lines`, or stderr apart in `errors` (stderr_apart)."""
 
     def __init__(self, args, timeout=300, cwd=REPO, command="cluster", env=None,
-                 stderr_apart=False):
+                 stderr_apart=False, prefix=()):
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            cli_argv(command, *args), cwd=cwd, env=env or environment(), stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(  # prefix: e.g. srun's argv, which runs the command
+            [*map(str, prefix), *cli_argv(command, *args)], cwd=cwd, env=env or environment(), stdout=subprocess.PIPE,
             stderr=subprocess.PIPE if stderr_apart else subprocess.STDOUT, text=True)
         self.lines, self.errors = [], []
         self.times = []  # when each of `lines` came (time.monotonic())

@@ -118,6 +118,21 @@ def test_sigterm_writes_a_final_checkpoint_exits_143_and_resumes(tmp_path):
     assert_resumes(tmp_path, step)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2])
+def test_sigusr1_and_sigusr2_save_as_sigterm_does(signum, tmp_path):
+    """Slurm's pre-timeout warning (`--signal=USR1@N`, `scancel --signal=USR1`) killed a run at
+    once, no checkpoint, exit 138: it saves and exits 143 as SIGTERM does."""
+    code, _, err = start_and_signal(
+        train_argv(tmp_path, "--train_steps", 100000, "--save_checkpoints_steps", 50000),
+        signum, until_step=100)
+    assert code == EXIT_PREEMPTED, err
+    step = latest_step(tmp_path)
+    assert 100 <= step < 50000
+    assert err.strip() == (f"estimator-dist: preempted: {signum.name} at step {step}: saved "
+                           f"{tmp_path / f'model.ckpt-{step}'}; exit code 143 (retryable); rerun the "
+                           f"same command to resume from it")
+
+
 def test_ctrl_c_writes_a_final_checkpoint_exits_130_and_resumes(tmp_path):
     """Ctrl-C (SIGINT) exited 130 without a checkpoint: every step since the last one was lost."""
     code, out, err = start_and_signal(

@@ -3,13 +3,14 @@ for several): srun steps typed as docs/slurm.md gives them. Skipped with the rea
 is not up; under CI (CI=true, which runs `make slurm` first) a missing Slurm fails."""
 import json
 import os
+import re
 import subprocess
 import uuid
 
 import pytest
 
-from support import (TRAIN, checkpoint_steps, environment, final_export, short_timers_setting,
-                     slurm_up, srun_cli)
+from support import (TRAIN, Run, checkpoint_steps, environment, final_export, latest_step,
+                     short_timers_setting, slurm_up, srun_cli, wait_for)
 from estimator_dist import timers
 
 
@@ -78,3 +79,23 @@ def test_srun_parameter_server_step_ends_by_itself(slurm_job, tmp_path):
     assert "done: step 20" in done.stdout, done.stdout
     assert len(final_export(model_dir)) == 1, done.stdout
     assert checkpoint_steps(model_dir)[-1] >= 20
+
+
+def test_scancel_signal_usr1_saves_and_the_ps_outlives_the_chiefs_save(slurm_job, tmp_path):
+    """`scancel --signal=USR1` signals every task at once, the ps included: the chief saves a
+    final checkpoint at the step it reached (SIGUSR1 killed every task at once, exit 138, and
+    a ps gone first took the variables with it), the step exits 143 (retryable)."""
+    model_dir = tmp_path / "run"
+    run = Run(run_args(model_dir, 100000, "--strategy", "parameter_server", "--ps", "1")[1:],
+              command="train", cwd=tmp_path, env=step_env(), stderr_apart=True,
+              prefix=["srun", "-n", 3, "--job-name", slurm_job])
+    try:
+        wait_for(run, r"^step \d+/100000", seconds=240)
+        subprocess.run(["scancel", "--signal=USR1", "--name", slurm_job], check=True, timeout=30)
+        code = run.wait()
+    finally:
+        run.proc.kill()
+    saved = [line for line in run.errors if "preempted: SIGUSR1 at step" in line]
+    assert code == 143 and saved, "\n".join(run.lines + run.errors)
+    step = int(re.search(r"SIGUSR1 at step (\d+): saved", saved[0]).group(1))
+    assert step > 0 and latest_step(model_dir) == step, saved

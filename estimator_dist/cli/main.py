@@ -17,7 +17,9 @@ def exit_on_early_sigterm():
         os.write(2, f"estimator-dist: preempted: {errors.OUTSIDE_THE_RUN}\n".encode())
         os._exit(errors.EXIT_PREEMPTED)  # noqa: SLF001 - nothing written yet
 
-    signal.signal(signal.SIGTERM, handler)
+    # SIGUSR1/SIGUSR2 too: Slurm's pre-timeout warning stops a run as SIGTERM does.
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, handler)
 
 
 def main(argv=None) -> int:

@@ -42,17 +42,27 @@ CHECKPOINT_BASENAME = "model.ckpt"  # Estimator's CheckpointSaverHook name
 PEER_DEADLINE_S = 20.0  # timers.py: peer_deadline_s
 
 
+# Signals that stop a run as SIGTERM does (a final checkpoint, exit 143): Slurm's pre-timeout
+# warning (`--signal=USR1@N`, `scancel --signal=USR1`) killed a run at once (exit 138).
+SAVE_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
 @contextlib.contextmanager
-def on_sigterm(callback, enabled: bool = True, at_once=None):
-    """Call `callback()` on SIGTERM while inside (main thread only; elsewhere a no-op).
-    See on_signal."""
-    with on_signal(signal.SIGTERM, callback, enabled, at_once):
+def on_sigterm(callback, enabled: bool = True, at_once=None, pass_signum: bool = False):
+    """Call `callback()` on SIGTERM, SIGUSR1 or SIGUSR2 (SAVE_SIGNALS) while inside (main
+    thread only; elsewhere a no-op). See on_signal."""
+    with on_signal(SAVE_SIGNALS, callback, enabled, at_once, pass_signum):
         yield
 
 
 @contextlib.contextmanager
-def on_signal(signum: int, callback, enabled: bool = True, at_once=None):
-    """Call `callback()` on signal `signum` while inside (main thread only; elsewhere a no-op).
+def on_signal(signums, callback, enabled: bool = True, at_once=None, pass_signum: bool = False):
+    """Call `callback()` (`callback(signum)` with pass_signum) on signal `signums` (one or a
+    tuple) while inside (main thread only; elsewhere a no-op).
 
     at_once: also called, from a watcher thread, the moment SIGTERM arrives. Python runs
     `callback` only when the main thread next runs Python code, which a call blocked in
@@ -62,8 +72,13 @@ def on_signal(signum: int, callback, enabled: bool = True, at_once=None):
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signum, lambda *_: callback())
-    watch = SignalWatch(signum, at_once) if at_once else None
+    signums = (signums,) if isinstance(signums, int) else tuple(signums)
+
+    def handler(signum, _frame):
+        return callback(signum) if pass_signum else callback()
+
+    previous = {s: signal.signal(s, handler) for s in signums}
+    watch = SignalWatch(signums, at_once) if at_once else None
     # Without at_once, an enclosing SignalWatch (exit_on_sigterm) must not act on it too.
     muted = None if at_once else signal.set_wakeup_fd(-1)
     try:
@@ -73,7 +88,8 @@ def on_signal(signum: int, callback, enabled: bool = True, at_once=None):
             watch.close()
         if muted is not None:
             signal.set_wakeup_fd(muted, warn_on_full_buffer=False)
-        signal.signal(signum, previous)
+        for s, handler_before in previous.items():
+            signal.signal(s, handler_before)
 
 
 class SignalWatch:
@@ -81,8 +97,9 @@ class SignalWatch:
     thread is blocked: Python's C-level handler writes the signal's number to a wakeup
     fd (signal.set_wakeup_fd) at once, and this thread reads it. Main thread only."""
 
-    def __init__(self, signum: int, callback):
-        self._signum, self._callback = signum, callback
+    def __init__(self, signums, callback):
+        self._signums = (signums,) if isinstance(signums, int) else tuple(signums)
+        self._callback = callback
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
         self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
@@ -97,7 +114,7 @@ class SignalWatch:
                 return
             if not data:  # close(): the write end is gone
                 return
-            if self._signum in data:
+            if any(s in data for s in self._signums):
                 self._callback()
 
     def close(self):
@@ -189,7 +206,7 @@ def stopped_by(signum: int, message: str):
     follows the signal's name."""
     if signum == signal.SIGINT:
         return Interrupted(f"Ctrl-C (SIGINT) {message}")
-    return Preempted(f"SIGTERM {message}")
+    return Preempted(f"{signal_name(signum)} {message}")
 
 
 def preempted(step: int, checkpoint, latest=None, signum: int = signal.SIGTERM):

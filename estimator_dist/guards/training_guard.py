@@ -223,7 +223,8 @@ class TrainingGuard:
         self._stack.enter_context(storage.not_world_writable())
         if self.handles_sigterm:
             self._stack.enter_context(preemption.on_sigterm(self._on_sigterm,
-                                                            at_once=self._start_deadline))
+                                                            at_once=self._start_deadline,
+                                                            pass_signum=True))
         elif self.role.kind == PS and step_end.current():
             # An srun step's ps: Slurm signals every task at once; it serves until the chief
             # has saved its final checkpoint (step_end.py).

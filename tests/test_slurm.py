@@ -134,3 +134,44 @@ def test_parameter_server_worker_without_its_ps_exits_144(tmp_path):
     assert done.returncode == 144, done.stdout + done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("estimator-dist:")]
     assert len(lines) == 1 and "session was not ready after 8 s" in lines[0], done.stderr
+
+
+def test_a_one_process_strategy_in_a_multi_task_step_is_refused():
+    """`srun -n 2 train --strategy mirrored` trained two separate runs into one model_dir."""
+    with pytest.raises(UserError, match=r"srun -n 2: runs --strategy mirrored as 2 separate"):
+        slurm.check_one_process_step("mirrored", step_env(1, 2))
+    slurm.check_one_process_step("mirrored", step_env(0, 1))  # one task: a local run
+    slurm.check_one_process_step("multi_worker_mirrored", step_env(0, 2))
+    slurm.check_one_process_step("horovod", {**step_env(0, 2), "HOROVOD_RANK": "0"})
+
+
+def test_sbatch_writes_a_script_that_requeues_on_the_retryable_codes_only(tmp_path):
+    """`estimator-dist sbatch` as a user types it: the script asks for the pre-timeout signal,
+    runs srun without --kill-on-bad-exit's 137, passes the train flags with the step's roles,
+    and requeues on 143/144 up to --max_restarts."""
+    script = tmp_path / "job.sbatch"
+    done = support.run_cli("sbatch", "--workers", 2, "--ps", 1, "--evaluator", "--time",
+                           "2:00:00", "--signal_before", 300, "--max_restarts", 5, "--output",
+                           script, *support.TRAIN, "--model_dir", "/shared/run", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"submit it with: sbatch {script}" in done.stdout
+    text = script.read_text()
+    for line in ("#SBATCH --ntasks=4", "#SBATCH --requeue", "#SBATCH --time=2:00:00",
+                 "#SBATCH --signal=B:USR1@300", "  143|144)", 'scontrol requeue "$SLURM_JOB_ID"',
+                 'if [ "$restarts" -lt 5 ]', "srun --kill-on-bad-exit=0 "):
+        assert line in text, line
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert srun.endswith("--strategy parameter_server --ps 1 --evaluator &"), srun
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--time", "2h"], "--time '2h': must be a Slurm time limit"),
+    (["--workers", "3", "--batch_size", "32"], "not divisible by the 3 replicas"),
+])
+def test_sbatch_refuses_bad_flags_before_writing(flags, says, tmp_path):
+    script = tmp_path / "job.sbatch"
+    done = support.run_cli("sbatch", "--output", script, "--time", "10", *support.TRAIN[:2],
+                           *flags, cwd=tmp_path)
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not script.exists()

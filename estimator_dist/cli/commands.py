@@ -87,6 +87,7 @@ def check_slurm_step(config):
     from estimator_dist.launch import cluster as launcher
 
     d = config.distribute
+    slurm.check_one_process_step(d.strategy)
     spec = tf_config.from_env(d.strategy, ps=d.ps, evaluator=d.evaluator)
     if spec is None or not slurm.in_step() or os.environ.get(tf_config.TF_CONFIG, "").strip():
         return None
@@ -301,6 +302,31 @@ def tfjob(args):
         sys.stdout.write(text)
 
 
+def sbatch(args):
+    """A Slurm batch script for the train flags (launch/sbatch.py), checked as `tfjob` checks
+    its job: what every task would refuse at its start is refused here."""
+    from estimator_dist.launch import sbatch as sbatch_lib
+    from estimator_dist.launch import tfjob as tfjob_lib
+
+    if args.workers is None:
+        args.workers = DEFAULT_WORKERS
+    if args.output:
+        files.check_output_file("--output", args.output, "job.sbatch")
+    sbatch_lib.check_job_flags(args.job_name, args.time or "", args.signal_before,
+                               args.max_restarts, args.partition or "")
+    train_args, _ = checked_train_args(
+        args, tfjob_lib.default_strategy(args.workers, args.ps, args.evaluator))
+    text = sbatch_lib.script(train_args, args.workers, args.ps, args.evaluator, args.job_name,
+                             args.time or "", args.signal_before, args.max_restarts,
+                             args.partition or "", args.python or sys.executable)
+    if args.output:
+        files.write_text(args.output, text)
+        print(f"wrote the batch script of job '{args.job_name}' to {args.output}; submit it "
+              f"with: sbatch {args.output}")
+    else:
+        sys.stdout.write(text)
+
+
 def report(args):
     from estimator_dist.serving import report as report_lib
     from estimator_dist.serving import report_compare
@@ -333,7 +359,7 @@ def tfrecords(args):
 
 
 COMMANDS = {"bench": bench, "tfrecords": tfrecords, "report": report, "train": train, "evaluate": evaluate, "export": export, "predict": predict,
-            "list": list_registered, "cluster": cluster, "tfjob": tfjob}
+            "list": list_registered, "cluster": cluster, "tfjob": tfjob, "sbatch": sbatch}
 
 
 # Commands whose --import is imported here, before they run: evaluate and export also
@@ -345,7 +371,7 @@ IMPORT_FIRST = ("evaluate", "export", "predict", "report")
 # guards; cluster and bench stop their processes): SIGTERM raises Preempted in the main
 # thread, so the removal of a half-written export or output file runs instead of a
 # sudden death that leaves it behind.
-STOPPED_BY_SIGTERM = ("evaluate", "export", "predict", "report", "tfjob", "tfrecords")
+STOPPED_BY_SIGTERM = ("evaluate", "export", "predict", "report", "tfjob", "tfrecords", "sbatch")
 
 
 # Each command's path flags (dest, flag): ~ and $VARS expanded and said, URLs refused
@@ -362,6 +388,7 @@ PATH_FLAGS = {
     "bench": (("output_dir", "--output_dir"),),
     "cluster": (("discovery", "--discovery"),),
     "tfjob": (("output", "--output"),),
+    "sbatch": (("output", "--output"),),
 }
 
 

@@ -50,7 +50,7 @@ class Parser(argparse.ArgumentParser):
 
 
 # Subcommands that pass the flags they do not know on to `train`.
-PASS_THROUGH = ("cluster", "tfjob")
+PASS_THROUGH = ("cluster", "tfjob", "sbatch")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,6 +141,29 @@ def build_parser() -> argparse.ArgumentParser:
                     type=or_leave_out("an absolute path", "/mnt/estimator-dist"),
                     help="where --pvc is mounted (default /mnt/estimator-dist)")
     tj.add_argument("--output", help="file to write (default: stdout)",
+                    type=or_leave_out("a file path", "stdout"))
+
+    sb = sub.add_parser("sbatch", help="write a Slurm batch script whose srun step runs the "
+                                       "train command on every task, requeued on the retryable "
+                                       "exit codes; other flags go to that command")
+    sb.add_argument("--workers", type=int, default=None,
+                    help=f"training tasks, the chief included (default {DEFAULT_WORKERS})")
+    sb.add_argument("--ps", type=int, default=0, help="parameter-server tasks (default 0)")
+    sb.add_argument("--evaluator", action="store_true", help="add an evaluator task (it exports)")
+    sb.add_argument("--job_name", default="estimator-dist", help="Slurm job name")
+    sb.add_argument("--time", type=or_leave_out("a Slurm time limit such as 2:00:00",
+                                                "the partition's limit"),
+                    help="time limit (sbatch --time); with it Slurm sends SIGUSR1 "
+                         "--signal_before seconds before, and the tasks save")
+    sb.add_argument("--signal_before", type=int, default=120,
+                    help="seconds before --time that the tasks get SIGUSR1 (default 120)")
+    sb.add_argument("--max_restarts", type=int, default=3,
+                    help="requeues on exit code 143/144 (default 3)")
+    sb.add_argument("--partition", type=or_leave_out("a partition name", "the default one"))
+    sb.add_argument("--python", type=or_leave_out("a Python with estimator-dist installed",
+                                                  "this one"),
+                    help="the Python the tasks run (default: this one)")
+    sb.add_argument("--output", help="file to write (default: stdout)",
                     type=or_leave_out("a file path", "stdout"))
 
     rp = sub.add_parser("report", help="a model_dir's event files as a CSV, a PNG plot and a "

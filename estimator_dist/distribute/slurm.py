@@ -212,6 +212,23 @@ def _check_own_place(environ, address: str):
                                                   "--distribution=block")
 
 
+def check_one_process_step(strategy: str, environ: Mapping[str, str] = os.environ):
+    """`srun -n 4 train --strategy mirrored` (or none, or horovod without a Horovod launcher)
+    trained 4 independent copies into one model_dir. A TF_CONFIG set by the user, or ranks
+    started by horovodrun, are a cluster of their own."""
+    from estimator_dist.distribute import specs
+
+    if not in_step(environ) or environ.get("TF_CONFIG", "").strip() or \
+            "HOROVOD_RANK" in environ or specs.spans_tf_config(strategy):
+        return
+    tasks = environ.get("SLURM_STEP_NUM_TASKS", "1")
+    if tasks.isdigit() and int(tasks) > 1:
+        _fail("srun -n", int(tasks), f"runs --strategy {strategy} as {tasks} separate runs into "
+                                     f"one model_dir; give --strategy multi_worker_mirrored or "
+                                     f"parameter_server (with --ps), or srun -n 1 (Horovod: "
+                                     f"horovodrun inside the job, docs/slurm.md)")
+
+
 def restart_count(environ: Mapping[str, str] = os.environ) -> Optional[int]:
     """SLURM_RESTART_COUNT: how often a batch job was requeued (None outside one)."""
     value = environ.get("SLURM_RESTART_COUNT", "")

@@ -56,11 +56,11 @@ def train_in_slurm_step(config, spec):
     from estimator_dist.guards import step_end
 
     model_dir = plan_lib.default_model_dir(config)
-    task = f"{spec.task_type}:{spec.task_index}"
+    task = spec.task_name
     if spec.is_chief:
         step_end.clear_stale(model_dir)
     else:
-        step_end.start(model_dir, task, [f"worker:{i}" for i in range(spec.num_workers - 1)])
+        step_end.start(model_dir, task, spec.worker_names)
     code = errors.EXIT_INTERNAL
     try:
         runner.train(config)
@@ -72,7 +72,7 @@ def train_in_slurm_step(config, spec):
         code = errors.EXIT_INTERRUPTED
         raise
     finally:
-        if spec.task_type != "ps":
+        if spec.marks_its_end:
             step_end.mark(model_dir, task, code)
 
 

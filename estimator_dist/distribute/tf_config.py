@@ -87,6 +87,21 @@ class ClusterSpec:
         (its legacy layout; it has no evaluator task)."""
         return self.chief_name == "master"
 
+    @property
+    def task_name(self) -> str:
+        """'worker:0': how a Slurm step's end markers name this task (guards/step_end.py)."""
+        return f"{self.task_type}:{self.task_index}"
+
+    @property
+    def worker_names(self) -> List[str]:
+        """The workers other than the chief, as task_name names them."""
+        return [f"worker:{i}" for i in range(len(self.cluster.get("worker", ())))]
+
+    @property
+    def marks_its_end(self) -> bool:
+        """In a Slurm step every task but a ps marks its end (a ps ends after them)."""
+        return self.task_type != "ps"
+
     def for_tensorflow(self) -> Dict[str, object]:
         """The TF_CONFIG TensorFlow should see for this task."""
         def name(task_type):

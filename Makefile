@@ -70,8 +70,14 @@ TESTPATHS = $(if $(filter tests tests/% %.py,$(TESTARGS))$(findstring .py::,$(TE
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_WORKERS = -p xdist -n $(TEST_WORKERS) --dist loadgroup
 
+# TEST_CPU: each test's CPU seconds, its processes included (tests/cpu_report.py); the run
+# ends with the 25 most costly, the measure of what a test costs a shared machine.
+TEST_CPU ?= .pytest_cache/cpu-seconds.tsv
+
 test: $(HOROVOD_STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) --durations=25 $(TESTPATHS) $(TESTARGS)
+	rm -f $(TEST_CPU)
+	ESTIMATOR_DIST_TEST_CPU=$(TEST_CPU) $(BIN)/python -m pytest -q $(PYTEST_WORKERS) \
+	  --durations=25 $(TESTPATHS) $(TESTARGS)
 
 # The unit tier: no test that starts a process (CLI runs, clusters, Horovod ranks) or trains for
 # long; tests/conftest.py marks them `process` and `slow`. Under 2 minutes on 2 cores. No

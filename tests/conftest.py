@@ -23,6 +23,8 @@ user_code.load_builtins()
 
 # Long-standing names of this module, now in support.py (import them from there in new tests).
 from support import REPO, run_cli, run_on_a_terminal, supervise  # noqa: E402,F401
+# CPU seconds per test when ESTIMATOR_DIST_TEST_CPU=FILE (cpu_report.py).
+from cpu_report import pytest_runtest_protocol, pytest_terminal_summary  # noqa: E402,F401
 
 
 def make_config(model="digits", overrides=(), **flags):

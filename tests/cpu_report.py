@@ -1,0 +1,61 @@
+"""CPU seconds per test, children included: what a test costs a shared 2-core machine.
+
+Wall time says little there (a test waits while its neighbour computes); CPU seconds add up
+to the suite's time on a full machine. With ESTIMATOR_DIST_TEST_CPU=FILE each test's user+
+system seconds (this process's, plus those of the children it waited for: CLI runs, whole
+clusters, whose launcher waits for its tasks) are appended to FILE as `seconds<TAB>nodeid`,
+by every pytest-xdist worker; the run ends with the most costly ones and the total
+(ESTIMATOR_DIST_TEST_CPU_TOP of them, default 25). conftest.py imports the hooks below.
+"""
+import os
+import resource
+
+import pytest
+
+ENV = "ESTIMATOR_DIST_TEST_CPU"
+
+
+def _cpu_seconds():
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Setup, call and teardown: a module fixture's cost goes to the test that built it."""
+    path = os.environ.get(ENV)
+    started = _cpu_seconds() if path else None
+    yield
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "a") as f:  # one short append per test: whole lines across workers
+            f.write(f"{_cpu_seconds() - started:.1f}\t{item.nodeid}\n")
+
+
+def cpu_table(path, top):
+    """The `top` most costly tests of FILE and the total, as lines."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            seconds, _, nodeid = line.rstrip("\n").partition("\t")
+            rows.append((float(seconds), nodeid))
+    rows.sort(reverse=True)
+    total = sum(s for s, _ in rows)
+    lines = [f"{s:8.1f}  {nodeid}" for s, nodeid in rows[:top]]
+    by_file = {}
+    for s, nodeid in rows:
+        by_file[nodeid.split("::")[0]] = by_file.get(nodeid.split("::")[0], 0.0) + s
+    lines.append(f"{total:8.1f}  CPU seconds in all, {len(rows)} tests; by file:")
+    lines += [f"{s:8.1f}  {name}" for name, s in sorted(by_file.items(), key=lambda r: -r[1])[:top]]
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    path = os.environ.get(ENV)
+    if not path or hasattr(config, "workerinput") or not os.path.exists(path):
+        return
+    top = int(os.environ.get(ENV + "_TOP", "25"))
+    terminalreporter.section(f"CPU seconds per test (children included), top {top}")
+    for line in cpu_table(path, top):
+        terminalreporter.write_line(line)

@@ -17,12 +17,17 @@ from support import (REPO, TRAIN, Run, alive, checkpoint_steps, cli_argv, cli_in
                      final_export, run_cli, supervise, wait_for)
 
 
-def test_multi_worker_mirrored_two_workers_and_evaluator(tmp_path):
+def test_multi_worker_mirrored_two_workers_and_evaluator(tmp_path, monkeypatch):
+    """Also: each worker reads its own shard (the shard_probe input records it; a cluster of
+    its own cost another two TensorFlow starts)."""
     model_dir = str(tmp_path / "run")
+    probe = shard_probe_dir(tmp_path, monkeypatch)
     run = Run(["--workers", "2", "--evaluator", "--strategy", "multi_worker_mirrored",
                "--train_steps", "40", "--save_checkpoints_steps", "20", "--model_dir", model_dir,
+               "--import", "shard_probe", "--input", "shard_probe",
                "--summary_json", str(tmp_path / "summary.json")] + TRAIN)
     assert run.wait() == 0, run.text
+    assert probe_shards(probe) == ["0-of-2", "1-of-2"]
     assert checkpoint_steps(model_dir)[-1] == 40
     assert final_export(model_dir), run.text
     assert "[chief:0] step 40/40" in run.text and "[evaluator:0] done: step 40" in run.text
@@ -31,17 +36,6 @@ def test_multi_worker_mirrored_two_workers_and_evaluator(tmp_path):
     summary = json.load(open(tmp_path / "summary.json"))
     assert summary["num_workers"] == 2 and summary["global_batch_size"] == 32
     assert summary["metrics"]["global_step"] == 40 and 0 <= summary["metrics"]["accuracy"] <= 1
-
-
-def test_parameter_server_two_workers_one_ps_evaluator(tmp_path):
-    model_dir = str(tmp_path / "run")
-    run = Run(["--workers", "2", "--ps", "1", "--evaluator", "--strategy", "parameter_server",
-               "--train_steps", "40", "--save_checkpoints_steps", "20",
-               "--model_dir", model_dir] + TRAIN)
-    assert run.wait() == 0, run.text
-    assert checkpoint_steps(model_dir)[-1] >= 40 and final_export(model_dir), run.text
-    ps_pid = run.pid_of("ps:0")
-    assert ps_pid and not alive(ps_pid), "the ps task must be stopped by PID"
 
 
 def test_async_parameter_server_without_strategy(tmp_path):
@@ -96,12 +90,13 @@ def test_bad_tf_config_is_one_line_exit_2(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_launcher_rejects_bad_shapes():
-    proc = run_cli("cluster", "--workers", "2", "--strategy", "parameter_server", timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr == ("estimator-dist: error: --strategy parameter_server needs ps tasks, but "
-                           "--ps is 0; add --ps 1 (or more) or use --strategy "
-                           "multi_worker_mirrored\n")
+def test_launcher_rejects_bad_shapes(capsys, monkeypatch):
+    """In this process (a user's run of a refusal: test_a_refusal_as_a_user_runs_it)."""
+    code, _, err = cli_in_process(["cluster", "--workers", "2", "--strategy", "parameter_server"],
+                                  capsys, monkeypatch)
+    assert code == 2
+    assert err == ("estimator-dist: error: --strategy parameter_server needs ps tasks, but "
+                   "--ps is 0; add --ps 1 (or more) or use --strategy multi_worker_mirrored\n")
 
 
 @pytest.mark.parametrize("command, flags, message", [
@@ -205,6 +200,8 @@ def operator_tf_config(job, replica_type, index, hosts):
 
 
 def test_tfjob_manifest_replicas_run_with_operator_tf_config(tmp_path):
+    """Also the parameter_server cluster of two workers, a ps and an evaluator trained to its
+    --train_steps (a test of its own ran the same cluster under `cluster`)."""
     model_dir = str(tmp_path / "run")
     out = tmp_path / "job.yaml"
     # The replicas share model_dir through the claim, mounted here at tmp_path.
@@ -239,6 +236,8 @@ def test_tfjob_manifest_replicas_run_with_operator_tf_config(tmp_path):
                                      startup_timeout=120, emit=lines.append)
     assert supervise(supervisor) == 0, "\n".join(lines)
     assert checkpoint_steps(model_dir)[-1] >= 30 and final_export(model_dir), "\n".join(lines)
+    ps = next(task.process for task in tasks if task.name == "ps:0")
+    assert not alive(ps.pid), "the ps task must be stopped by PID"
 
 
 def tfjob_cli(tmp_path, *flags):
@@ -281,12 +280,14 @@ def test_tfjob_refuses_a_name_the_operator_refuses(name, message, tmp_path, caps
     assert proc.stderr.count("\n") == 1
 
 
-def test_a_one_replica_tfjob_runs_without_tf_config(tmp_path):
+def test_a_one_replica_tfjob_runs_without_tf_config(tmp_path, capsys, monkeypatch):
     """The operator gives a job of one replica no TF_CONFIG: `--workers 1` wrote
-    multi_worker_mirrored, whose pod exited 2. It now trains on the pod alone."""
+    multi_worker_mirrored, whose pod exited 2. It now trains on the pod alone. (The manifest
+    written in this process: its pod's command is the run that matters.)"""
     model_dir = str(tmp_path / "run")
-    proc, job = tfjob_cli(tmp_path, "--workers", "1", "--name", "one-pod", "--train_steps", "10",
-                          "--model_dir", model_dir, *TRAIN)
+    with monkeypatch.context() as here:  # the pod below is a process
+        proc, job = tfjob_here(tmp_path, capsys, here, "--workers", "1", "--name", "one-pod",
+                               "--train_steps", "10", "--model_dir", model_dir, *TRAIN)
     assert proc.returncode == 0, proc.stderr
     specs = job["spec"]["tfReplicaSpecs"]
     assert {k: v["replicas"] for k, v in specs.items()} == {"Chief": 1}
@@ -332,18 +333,20 @@ def test_a_multi_replica_tfjob_on_shared_storage_is_written(flags, tmp_path, cap
     assert command[command.index("--model_dir") + 1] == flags[flags.index("--model_dir") + 1]
 
 
-def test_each_worker_reads_its_own_shard(tmp_path, monkeypatch):
+def shard_probe_dir(tmp_path, monkeypatch):
+    """The directory where `--import shard_probe --input shard_probe` tasks (started after
+    this, in this environment) record the input shard each reads."""
     probe = tmp_path / "probe"
     probe.mkdir()
     monkeypatch.setenv("SHARD_PROBE_DIR", str(probe))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         filter(None, [os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH")])))
-    run = Run(["--workers", "2", "--strategy", "multi_worker_mirrored", "--train_steps", "10",
-               "--import", "shard_probe", "--input", "shard_probe", "--export", "none",
-               "--model_dir", str(tmp_path / "run")] + TRAIN)
-    assert run.wait() == 0, run.text
-    shards = sorted(name.split("-", 1)[1] for name in os.listdir(probe))
-    assert shards == ["0-of-2", "1-of-2"], shards
+    return probe
+
+
+def probe_shards(probe):
+    """The shards the training input_fns read, as `I-of-N`, sorted."""
+    return sorted(name.split("-", 1)[1] for name in os.listdir(probe))
 
 
 def test_early_stop_in_a_cluster_stops_every_task_and_exports(tmp_path):
@@ -361,6 +364,8 @@ def test_early_stop_in_a_cluster_stops_every_task_and_exports(tmp_path):
     assert "ran out at step" not in run.text
     assert "[evaluator:0] training ended at step" in run.text
     assert checkpoint_steps(model_dir)[-1] < 20000 and final_export(model_dir), run.text
+    ps_pid = run.pid_of("ps:0")
+    assert ps_pid and not alive(ps_pid), "the ps task must be stopped by PID"
 
 
 def test_a_rerun_reports_only_its_own_export_and_a_checkpoint_is_exported_once(tmp_path):
@@ -421,7 +426,7 @@ def test_sigterm_to_the_chief_saves_a_final_checkpoint_and_the_cluster_resumes_f
     143; the launcher restarts the cluster, which resumes from that checkpoint. It used to
     die at once, losing every step since the last periodic checkpoint. (One training task:
     on this 2-core machine a second one starves the chief, whose step then outlasts the
-    deadline.)"""
+    deadline.) Then SIGTERM to the launcher stops every task, exit 143."""
     model_dir = str(tmp_path / "run")
     run = Run(["--workers", "1", "--ps", "1", "--strategy", "parameter_server",
                "--train_steps", "1000000", "--save_checkpoints_steps", "1000000",
@@ -430,8 +435,13 @@ def test_sigterm_to_the_chief_saves_a_final_checkpoint_and_the_cluster_resumes_f
         step, resumed = preempt_and_resume(run, "chief:0", model_dir)
         assert "[launcher] chief:0 exited with code 143; restarting the whole cluster" in run.text
         wait_for(run, r"^\[chief:0\] step \d+/", start=resumed)
+        pids = [run.pid_of(task) for task in ("chief:0", "ps:0")]  # the restarted ones
+        assert all(pids) and all(alive(p) for p in pids), run.text
         run.proc.send_signal(signal.SIGTERM)  # Ctrl-C of the launcher: the new chief saves too
         assert run.wait() == 143, run.text
+        # SIGTERM stops every task, the ps (which never exits by itself) by its PID: gone as
+        # the launcher exits (it waits for each), not later by the SIGTERM of its death.
+        assert not [p for p in pids if alive(p)], run.text
         again = re.findall(r"^\[chief:0\] estimator-dist: preempted: SIGTERM at step (\d+): saved",
                            run.text, re.M)
         assert len(again) == 2 and int(again[1]) > step, run.text
@@ -466,8 +476,10 @@ def test_sigterm_to_one_mwms_worker_stops_every_worker_at_one_step_and_they_save
         assert step > 0 and step in checkpoint_steps(model_dir)
         _, resumed = wait_for(run, rf"^\[chief:0\] resuming from the checkpoint at step {step} in ")
         wait_for(run, r"^\[chief:0\] step \d+/", start=resumed)
+        pids = [run.pid_of(task) for task in ("chief:0", "worker:0")]  # the restarted ones
         run.proc.send_signal(signal.SIGTERM)
         assert run.wait() == 143, run.text
+        assert not [p for p in pids if alive(p)], run.text  # waited for by the launcher
     finally:  # a failed step above must not leave the cluster running
         if run.proc.poll() is None:
             run.proc.send_signal(signal.SIGTERM)
@@ -506,17 +518,3 @@ def test_sigterm_during_the_chiefs_final_export_removes_it_and_the_restart_expor
     assert "[chief:0] no evaluator task: the chief exported the final checkpoint" in run.text
     names = os.listdir(final)
     assert len(names) == 1 and names[0].isdigit(), names
-
-
-def test_sigterm_stops_every_task(tmp_path):
-    run = Run(["--workers", "2", "--ps", "1", "--evaluator", "--strategy", "parameter_server",
-               "--train_steps", "100000", "--model_dir", str(tmp_path / "run")] + TRAIN)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any("[chief:0] step" in l for l in run.lines):
-        time.sleep(0.5)
-    pids = [run.pid_of(t) for t in ("chief:0", "worker:0", "ps:0", "evaluator:0")]
-    assert all(pids) and all(alive(p) for p in pids), run.text
-    run.proc.send_signal(signal.SIGTERM)
-    assert run.wait() == 143
-    time.sleep(1)
-    assert not [p for p in pids if alive(p)], run.text

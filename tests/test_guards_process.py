@@ -278,42 +278,48 @@ def read_only(how, directory):
     return []
 
 
-@pytest.mark.parametrize("how, cause, fix", [
+UNWRITABLE = [  # how, what the line says is the cause, the fix it ends with
     ("read-only mount", "the file system is read-only (Read-only file system",
      "write to a writable directory (or remount it read-write) and rerun"),
     ("chattr +i", "writing there is not permitted (e.g. an immutable directory, chattr +i) "
                   "(Operation not permitted", "write to a writable directory (or lift the "
                                               "attribute) and rerun"),
-])
-def test_an_unwritable_model_dir_names_the_cause_and_exits_5(how, cause, fix, tmp_path):
+]
+
+
+def test_an_unwritable_model_dir_names_the_cause_and_exits_5(tmp_path):
     """evaluate exited 1 advising to "check the input's labels"; train/export/report said
-    "free space" for a read-only file system."""
+    "free space" for a read-only file system. Each way in turn on one trained model_dir
+    (each leaves it unchanged): one training for both."""
     model_dir = tmp_path / "run"
     trained = run(train_argv(model_dir, "--train_steps", 2, "--export", "final"))
     assert trained.returncode == 0, trained.stderr
     before = sorted(walk(model_dir))
-    try:
-        prefix = read_only(how, model_dir)
-        commands = {
-            "evaluate": ["evaluate", "--model_dir", str(model_dir)],
-            "export": ["export", "--model_dir", str(model_dir)],
-            "train": train_argv(model_dir, "--train_steps", 4)[3:],
-        }
-        errors = {}
-        for command, argv in commands.items():
-            done = run(prefix + cli_argv(*argv))
-            errors[command] = done.stderr
-            assert done.returncode == EXIT_STORAGE, (command, done.stderr)
-            assert done.stderr.count("\n") == 1 and cause in done.stderr, (command, done.stderr)
-            assert done.stderr.endswith(f"{fix}\n"), (command, done.stderr)
-        assert errors["evaluate"].startswith(
-            f"estimator-dist: error: evaluating {model_dir}/model.ckpt-2 (writing its metrics) "
-            f"failed: {cause}: {model_dir}/eval_cli); the checkpoints are unchanged; ")
-        assert errors["train"].startswith(
-            f"estimator-dist: error: --model_dir {model_dir}: creating its lock file failed: ")
-    finally:
-        subprocess.run(["chattr", "-R", "-i", str(model_dir)], check=False)
-    assert sorted(walk(model_dir)) == before
+    for how, cause, fix in UNWRITABLE:
+        try:
+            prefix = read_only(how, model_dir)
+            commands = {
+                "evaluate": ["evaluate", "--model_dir", str(model_dir)],
+                "export": ["export", "--model_dir", str(model_dir)],
+                "train": train_argv(model_dir, "--train_steps", 4)[3:],
+            }
+            errors = {}
+            for command, argv in commands.items():
+                done = run(prefix + cli_argv(*argv))
+                errors[command] = done.stderr
+                assert done.returncode == EXIT_STORAGE, (how, command, done.stderr)
+                assert done.stderr.count("\n") == 1 and cause in done.stderr, (how, command,
+                                                                                done.stderr)
+                assert done.stderr.endswith(f"{fix}\n"), (how, command, done.stderr)
+            assert errors["evaluate"].startswith(
+                f"estimator-dist: error: evaluating {model_dir}/model.ckpt-2 (writing its metrics) "
+                f"failed: {cause}: {model_dir}/eval_cli); the checkpoints are unchanged; "), how
+            assert errors["train"].startswith(
+                f"estimator-dist: error: --model_dir {model_dir}: creating its lock file "
+                f"failed: "), how
+        finally:
+            subprocess.run(["chattr", "-R", "-i", str(model_dir)], check=False)
+        assert sorted(walk(model_dir)) == before, how
 
 
 def fill_disk_at(limit_bytes):

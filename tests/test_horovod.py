@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -27,7 +26,7 @@ from estimator_dist.launch import cluster as cluster_launch
 from estimator_dist.training import plan as plan_lib
 from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
-from support import REPO, Run, alive, checkpoint_steps
+from support import REPO, Run, alive, checkpoint_steps, wait_for
 from test_cluster import preempt_and_resume
 
 import horovod_inputs  # noqa: F401 - registers tiny_stream, uneven, crash_once
@@ -183,30 +182,21 @@ def test_early_stop_is_rank_0s_decision_and_every_rank_stops_with_it(ranks_env, 
 
 
 @needs_horovod
-def test_sigterm_stops_every_rank(ranks_env, tmp_path):
-    run = launch(tmp_path / "run", "--input", "tiny_stream", "--train_steps", 10 ** 7,
-                 "--save_checkpoints_steps", 10 ** 6)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and run.proc.poll() is None and \
-            not any(line.startswith("[rank:0] step") for line in run.lines):
-        time.sleep(0.3)
-    pids = [run.pid_of("rank:0"), run.pid_of("rank:1")]
-    assert all(pids) and all(alive(p) for p in pids), run.text
-    run.proc.send_signal(signal.SIGTERM)
-    assert run.wait() == 143, run.text
-    time.sleep(1)
-    assert not [p for p in pids if alive(p)], run.text
-
-
-@needs_horovod
 def test_sigterm_to_rank_0_saves_a_final_checkpoint(ranks_env, tmp_path):
     """Rank 0 writes the checkpoints and saves alone: on SIGTERM it finishes its step, saves
-    and exits 143 (then the launcher restarts the ranks, which resume from it)."""
+    and exits 143 (then the launcher restarts the ranks, which resume from it). Then SIGTERM
+    to the launcher stops every rank, exit 143."""
     model_dir = tmp_path / "run"
     run = launch(model_dir, "--input", "tiny_stream", "--train_steps", 10 ** 7,
                  "--save_checkpoints_steps", 10 ** 6, "--max_restarts", 1)
     try:
-        preempt_and_resume(run, "rank:0", model_dir)
+        _, resumed = preempt_and_resume(run, "rank:0", model_dir)
+        wait_for(run, r"^\[rank:0\] step \d+/", start=resumed)
+        pids = [run.pid_of("rank:0"), run.pid_of("rank:1")]  # the restarted ones
+        assert all(pids) and all(alive(p) for p in pids), run.text
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.wait() == 143, run.text
+        assert not [p for p in pids if alive(p)], run.text  # waited for by the launcher
     finally:
         if run.proc.poll() is None:
             run.proc.send_signal(signal.SIGTERM)

@@ -23,6 +23,7 @@ user_code.load_builtins()
 
 # Long-standing names of this module, now in support.py (import them from there in new tests).
 from support import REPO, run_cli, run_on_a_terminal, supervise  # noqa: E402,F401
+import support  # noqa: E402
 # CPU seconds per test when ESTIMATOR_DIST_TEST_CPU=FILE (cpu_report.py).
 from cpu_report import pytest_runtest_protocol, pytest_terminal_summary  # noqa: E402,F401
 
@@ -40,6 +41,13 @@ def quick_train(model_dir, steps=40, strategy="none", num_devices=1, **flags):
              "model_dir": str(model_dir), "batch_size": 32, "export": "final", "seed": 1,
              "save_checkpoints_steps": steps, **flags}
     return runner.train(make_config(**flags), out=lambda *_: None)
+
+
+@pytest.fixture(autouse=True)
+def _stop_left_running():
+    """No test leaves a `Run` running, not even one that failed or timed out."""
+    yield
+    support.stop_left_running()
 
 
 @pytest.fixture(scope="session")

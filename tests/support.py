@@ -135,6 +135,24 @@ def cli_in_process(argv, capsys, monkeypatch):
     return code, out, err
 
 
+# Every Run started in this process, for stop_left_running.
+_STARTED = []
+
+
+def stop_left_running():
+    """SIGTERM (the launcher stops its tasks) to each Run still running, then SIGKILL if it
+    outlasts the wait: conftest.py calls it after every test, so that a test that failed or
+    hit its pytest timeout (a loaded machine) leaves no cluster training on beside the
+    next ones."""
+    while _STARTED:
+        run = _STARTED.pop()
+        try:
+            run.stop()
+        except Exception:  # it outlasted stop()'s wait
+            run.proc.kill()
+            run.proc.wait()
+
+
 class Run:
     """`python -m estimator_dist COMMAND ARGS` (default `cluster`) as a subprocess whose output
     is collected line by line as it comes, with the time each line came: stdout and stderr
@@ -150,6 +168,7 @@ class Run:
         self.times = []  # when each of `lines` came (time.monotonic())
         self.ended = None  # when stdout ended (the process closed it, at its exit)
         self.timeout = timeout
+        _STARTED.append(self)
         self._readers = [threading.Thread(target=self._read, daemon=True)]
         if stderr_apart:
             self._readers.append(threading.Thread(target=self._read_errors, daemon=True))

@@ -287,6 +287,7 @@ UNWRITABLE = [  # how, what the line says is the cause, the fix it ends with
 ]
 
 
+@pytest.mark.timeout(600)  # seven TensorFlow processes in a row, on a loaded machine
 def test_an_unwritable_model_dir_names_the_cause_and_exits_5(tmp_path):
     """evaluate exited 1 advising to "check the input's labels"; train/export/report said
     "free space" for a read-only file system. Each way in turn on one trained model_dir

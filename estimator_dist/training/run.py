@@ -204,10 +204,6 @@ def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
         cluster_lib.check_own_port(p.role.tensorflow_cluster)
     cluster_lib.apply(p.role.tensorflow_cluster)
     say = out if p.role.speaks else silent
-    say(describe(p))
-    note = precision.cpu_note(config.compute.mixed_precision)
-    if note:
-        say(note)
     # The evaluator runs without a strategy: MultiWorkerMirrored cannot be copied
     # into the evaluator's RunConfig and evaluation needs no replicas. Made before any
     # model graph is built: MultiWorkerMirrored must configure the collective ops before
@@ -217,6 +213,10 @@ def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
             config.distribute.strategy, p.devices)
     # The input's own code runs only now, with the checkpoint's step in its params.
     p = dataclasses.replace(p, start_step=resume_step(p) or 0).prepared()
+    say(describe(p))  # once prepare() has run: what follows the header is the run itself
+    note = precision.cpu_note(config.compute.mixed_precision)
+    if note:
+        say(note)
     say_serving_input(p, say)
     if p.writes_run_files:  # before anything is written
         check_eval_metric_names(p)

@@ -102,11 +102,21 @@ def rotated_away(error: Exception) -> bool:
         isinstance(error, ValueError) and "not a valid checkpoint" in str(error))
 
 
-def resume_step(p: Plan) -> Optional[int]:
-    """The checkpoint step this run resumes from; under Horovod rank 0's, on every rank."""
+def resume_step(p: Plan, before_repair: bool = False) -> Optional[int]:
+    """The checkpoint step this run resumes from; under Horovod rank 0's, on every rank.
+    before_repair: check_resume has not looked at the checkpoints yet, so a damaged state file
+    (TensorFlow raises on an empty or garbage one) reads as None; it is read again after."""
+    def local() -> Optional[int]:
+        try:
+            return checkpoint_step(p.model_dir)
+        except (ValueError, tf.errors.OpError):
+            if before_repair:
+                return None
+            raise
+
     if not p.role.horovod:
-        return checkpoint_step(p.model_dir)
-    return hvd_lib.agree_on(checkpoint_step(p.model_dir) if p.role.writes_run_files else None)
+        return local()
+    return hvd_lib.agree_on(local() if p.role.writes_run_files else None)
 
 
 class scratch_dir:  # noqa: N801 - a context manager that reads like a function
@@ -212,7 +222,7 @@ def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
         strategy = None if not p.role.builds_strategy else strategies.make(
             config.distribute.strategy, p.devices)
     # The input's own code runs only now, with the checkpoint's step in its params.
-    p = dataclasses.replace(p, start_step=resume_step(p) or 0).prepared()
+    p = dataclasses.replace(p, start_step=resume_step(p, before_repair=True) or 0).prepared()
     say(describe(p))  # once prepare() has run: what follows the header is the run itself
     note = precision.cpu_note(config.compute.mixed_precision)
     if note:

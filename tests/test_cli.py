@@ -59,8 +59,9 @@ BAD = [
     # Found only after training (it named the internal '.tmp' file).
     (["--summary_json", "/proc/s.json"], "--summary_json /proc/s.json: cannot create a file in /proc"),
     # Data flags the input does not read were silently ignored.
+    # (the inputs named after "--input" are every registered one that reads it)
     (["--data_path", "x.csv"], "--data_path 'x.csv': input 'digits' does not read it (it reads "
-                               "only --synthetic); drop it, or use --input tabular"),
+                               "only --synthetic); drop it, or use --input "),
     (["--label_column", "y"], "--label_column 'y': input 'digits' does not read it"),
     (["--data_dir", "/data"], "--data_dir '/data': input 'digits' does not read it"),
     # --reader_nice was accepted, and ignored, by inputs that have no reader threads.
@@ -386,14 +387,15 @@ def import_users_module(tmp_path, monkeypatch):
      "training failed at step 1: assertion failed: [classification labels must be whole "
      "class ids, but some have a fraction]"),
     # Tracebacks from Estimator before (and for eval_tensors an evaluation that never ended).
+    # The EVAL graph is built before the first step: the eval call is the first to fail.
     (["--input", "raises_in_input", "--eval_steps", "1"], 2,
-     "input 'raises_in_input' failed in its train call: RuntimeError: boom in input; fix its "
+     "input 'raises_in_input' failed in its eval call: RuntimeError: boom in input; fix its "
      "input_fn"),
     (["--input", "triples", "--eval_steps", "1"], 2,
-     "input 'triples' returned a tf.data.Dataset of 3-item tuples from its train call; an "
+     "input 'triples' returned a tf.data.Dataset of 3-item tuples from its eval call; an "
      "input_fn returns (features, labels) pairs"),
     (["--input", "returns_list", "--eval_steps", "1"], 2,
-     "input 'returns_list' returned a list of 3 items from its train call"),
+     "input 'returns_list' returned a list of 3 items from its eval call"),
     (["--input", "eval_tensors"], 2, "input 'eval_tensors' returned tensors, not a tf.data.Dataset, "
                                      "from its eval call: with --eval_steps 0 (the whole eval set) "
                                      "the evaluation would never end"),

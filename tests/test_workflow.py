@@ -265,7 +265,7 @@ def test_predict_csv_numbers_may_have_spaces(tmp_path):
     path = write_csv(tmp_path, "age,city\n 1 ,a\n\t2.5 , b \n")
     features = predict.read_csv(path, FEATURES)
     np.testing.assert_array_equal(features["age"], np.array([1, 2.5], np.float32))
-    assert list(features["city"]) == ["a", " b "]  # string cells are not stripped, as in training
+    assert list(features["city"]) == ["a", "b"]  # string cells stripped, as training strips them
     wide = write_csv(tmp_path, "p0,p1,p2,p3\n1, 2 ,3,4\n\n5,6,7, 8\n", "wide.csv")
     np.testing.assert_array_equal(predict.read_csv(wide, IMAGE)["image"],
                                   np.arange(1, 9, dtype=np.float32).reshape(2, 2, 2))

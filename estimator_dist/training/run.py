@@ -228,12 +228,11 @@ def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
     if note:
         say(note)
     say_serving_input(p, say)
-    if p.writes_run_files:  # before anything is written
+    if p.writes_run_files:  # before anything is written; PREDICT first, as the export needs it
+        check_predict_graph(p)
         check_eval_metric_names(p)
     if p.role.evaluates:
         check_eval_input_ends(p)
-    if p.writes_run_files:  # before anything is written
-        check_predict_graph(p)
     if p.writes_run_files:  # before anything is written: refuse a damaged or mismatched checkpoint
         guards.check_resume(p.model_dir, build_model_fn(p),
                             make_input_fn(p, tf.estimator.ModeKeys.TRAIN), p.params(), say=out)

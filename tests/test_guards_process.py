@@ -103,26 +103,12 @@ def assert_resumes(model_dir, step):
     assert f"done: step {step + 5}" in rerun.stdout
 
 
-def test_sigterm_writes_a_final_checkpoint_exits_143_and_resumes(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2])
+def test_a_stop_signal_writes_a_final_checkpoint_exits_143_and_resumes(signum, tmp_path):
+    """SIGTERM, and Slurm's pre-timeout warning (`--signal=USR1@N`, `scancel --signal=USR1`),
+    which killed a run at once, no checkpoint, exit 138: each saves and exits 143."""
     # Periodic checkpoints only at 0 and 50000: any other step is the final save.
     code, out, err = start_and_signal(
-        train_argv(tmp_path, "--train_steps", 100000, "--save_checkpoints_steps", 50000),
-        signal.SIGTERM, until_step=100)
-    assert code == EXIT_PREEMPTED, err
-    step = latest_step(tmp_path)
-    assert 100 <= step < 50000
-    assert err.strip() == (f"estimator-dist: preempted: SIGTERM at step {step}: saved "
-                           f"{tmp_path / f'model.ckpt-{step}'}; exit code 143 (retryable); rerun the "
-                           f"same command to resume from it")
-    assert SECRET not in out + err
-    assert_resumes(tmp_path, step)
-
-
-@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2])
-def test_sigusr1_and_sigusr2_save_as_sigterm_does(signum, tmp_path):
-    """Slurm's pre-timeout warning (`--signal=USR1@N`, `scancel --signal=USR1`) killed a run at
-    once, no checkpoint, exit 138: it saves and exits 143 as SIGTERM does."""
-    code, _, err = start_and_signal(
         train_argv(tmp_path, "--train_steps", 100000, "--save_checkpoints_steps", 50000),
         signum, until_step=100)
     assert code == EXIT_PREEMPTED, err
@@ -131,6 +117,8 @@ def test_sigusr1_and_sigusr2_save_as_sigterm_does(signum, tmp_path):
     assert err.strip() == (f"estimator-dist: preempted: {signum.name} at step {step}: saved "
                            f"{tmp_path / f'model.ckpt-{step}'}; exit code 143 (retryable); rerun the "
                            f"same command to resume from it")
+    assert SECRET not in out + err
+    assert_resumes(tmp_path, step)
 
 
 def test_ctrl_c_writes_a_final_checkpoint_exits_130_and_resumes(tmp_path):

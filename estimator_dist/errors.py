@@ -30,12 +30,13 @@ def first_line(error: BaseException, limit: int = 300) -> str:
 
 def op_error_line(error: BaseException, limit: int = 300) -> str:
     """The line of a TensorFlow OpError that says what failed, without "Graph execution
-    error:", the "Detected at node" stack and the "[[{{node ...}}]]" suffix."""
+    error:", the "Detected at node" stack, the "From /job:chief/replica:0/task:0:" line a
+    multi-worker error starts with and the "[[{{node ...}}]]" suffix."""
     for line in (getattr(error, "message", None) or str(error)).splitlines():
         text = re.sub(r"\s*\[\[\{\{node .*$", "", line).strip()
         if text and not line[:1].isspace() and not re.match(
-                r"(Graph execution error:|Detected at node|<stack traces|File |Original stack|Node:)",
-                text):
+                r"(Graph execution error:|Detected at node|<stack traces|File |Original stack|Node:|"
+                r"From /job:[^ ]*:$)", text):
             return text[:limit]
     return first_line(error, limit)
 

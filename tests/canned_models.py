@@ -85,7 +85,25 @@ def census_regression_input(mode, params):
     return dataset.batch(params["batch_size"])
 
 
+def census_sharded_input(mode, params, input_context=None):
+    """The census input as docs/cluster.md asks a multi-worker input to read: its own shard
+    of the lines (every n-th), in order (no shuffle: a step's examples are those of one
+    process's step over the global batch)."""
+    def parse_csv(value):
+        columns = tf.io.decode_csv(value, record_defaults=CSV_DEFAULTS)
+        features = dict(zip(CSV_COLUMNS, columns))
+        labels = features.pop("income_bracket")
+        return features, tf.equal(labels, ">50K")
+
+    dataset = tf.data.TextLineDataset(params["data_path"])
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        dataset = dataset.shard(input_context.num_input_pipelines,
+                                input_context.input_pipeline_id)
+    return dataset.repeat().map(parse_csv).batch(params["batch_size"])
+
+
 ed.register_input("census", data_flags=("data_path",))(census_input)
+ed.register_input("census_sharded", data_flags=("data_path",))(census_sharded_input)
 ed.register_input("census_hours", data_flags=("data_path",))(census_regression_input)
 
 _wide, _deep = census_columns()
@@ -167,3 +185,40 @@ ed.register_input("mnist_flat")(mnist_flat_input)
 ed.register_input("mnist_flat_served", serving_input=mnist_receiver)(mnist_flat_input)
 ed.register_model("mnist_r1_served", hparams={"eval_bug": False}, default_input="mnist_flat",
                   serving_input={"image": [[28, 28], "float32"]})(mnist_r1_model)
+
+
+@ed.register_input("word_ids")
+def word_ids_input(mode, params, input_context=None):
+    """Bags of 3 word ids out of 50, labelled by a rule on them: a TF1 sparse-feature input
+    (from_tensor_slices, repeat in every mode), sharded per input pipeline as docs ask."""
+    rng = np.random.RandomState(0)
+    ids = rng.randint(0, 50, size=(96, 3)).astype(np.int64)
+    labels = (ids.min(axis=1) < 10).astype(np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices(({"ids": ids}, labels))
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        dataset = dataset.shard(input_context.num_input_pipelines,
+                                input_context.input_pipeline_id)
+    return dataset.repeat().batch(params["batch_size"])
+
+
+@ed.register_model("embedding_momentum", default_input="word_ids")
+def embedding_momentum_model(features, labels, mode, params):
+    """A TF1 model_fn over an embedding table looked up by each batch's distinct ids (a
+    gradient of as many rows as the batch touches: IndexedSlices of varying length), with
+    its own MomentumOptimizer train_op: a dense update would move untouched rows too."""
+    table = tf.compat.v1.get_variable(
+        "embeddings", [50, 4], initializer=tf.compat.v1.random_normal_initializer(seed=1))
+    ids = tf.reshape(features["ids"], [-1])
+    distinct, position = tf.unique(ids)
+    rows = tf.gather(tf.gather(table, distinct), position)
+    bag = tf.reduce_sum(tf.reshape(rows, [-1, 3, 4]), axis=1)
+    logits = tf.compat.v1.layers.dense(
+        bag, 1, kernel_initializer=tf.compat.v1.constant_initializer(0.5), name="logits")[:, 0]
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={"logit": logits})
+    loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
+    if mode == tf.estimator.ModeKeys.EVAL:
+        return tf.estimator.EstimatorSpec(mode, loss=loss)
+    optimizer = tf.compat.v1.train.MomentumOptimizer(0.5, momentum=0.9)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
+        loss, global_step=tf.compat.v1.train.get_or_create_global_step()))

@@ -30,6 +30,7 @@ import tensorflow as tf
 from tensorflow.python.client import pywrap_tf_session
 from tensorflow.python.distribute import collective_all_reduce_strategy
 from tensorflow.python.distribute import distribute_utils
+from tensorflow.python.distribute import ps_values
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.eager import context
 from tensorflow.python.framework import meta_graph
@@ -90,6 +91,8 @@ NAMES = {
     "tensorflow.python.util.deprecation": ("_PRINT_DEPRECATION_WARNINGS",),
     "tensorflow.python.training.training_util": ("_get_or_create_global_step_read",),
     "tensorflow.python.framework.ops": ("get_gradient_function",),
+    "tensorflow.python.distribute.values": ("PerReplica", "Mirrored", "DistributedVariable"),
+    "tensorflow.python.distribute.ps_values": ("AggregatingVariable",),
     "tensorflow.python.training.optimizer.Optimizer": ("_distributed_apply",),
     "tensorflow.python.training.basic_session_run_hooks.CheckpointSaverHook":
         ("_set_steps_per_run", "_get_saver", "_save"),
@@ -188,11 +191,54 @@ def already_reduced(distribution):
                 for value, _ in value_destination_pairs]
 
     _require(extended, "batch_reduce_to", "to skip the float32 all-reduce")
+    wrapped = extended.__dict__.get("batch_reduce_to")  # sparse_gradients' wrapper
     extended.batch_reduce_to = batch_reduce_to
     try:
         yield
     finally:
-        del extended.batch_reduce_to
+        if wrapped is None:
+            del extended.batch_reduce_to
+        else:
+            extended.batch_reduce_to = wrapped
+
+
+def replace_batch_reduce(distribution, batch_reduce_to):
+    """From now on the strategy's batch_reduce_to (every gradient all-reduce: a tf.compat.v1
+    optimizer's `_distributed_apply`, Keras's `all_reduce_sum_gradients` through
+    `ReplicaContext.all_reduce`) is `batch_reduce_to`, which may call the class's own
+    (`original_batch_reduce`). It goes with the strategy when Estimator deep-copies it."""
+    extended = distribution.extended
+    _require(extended, "batch_reduce_to", "to reduce sparse gradients exactly")
+    extended.batch_reduce_to = batch_reduce_to
+
+
+def original_batch_reduce(distribution, reduce_op, value_destination_pairs, options=None):
+    extended = distribution.extended
+    return type(extended).batch_reduce_to(extended, reduce_op, value_destination_pairs, options)
+
+
+def per_replica(components):
+    """The strategy's container of one value per local replica, as its inputs are."""
+    return _attr(values_lib, "PerReplica", "to reduce sparse gradients exactly")(
+        tuple(components))
+
+
+def wrapped_variables(variable) -> tuple:
+    """The variables a strategy's variable wraps: a MirroredVariable's copies (one per
+    replica), a CentralStorage AggregatingVariable's one; () for a plain variable."""
+    why = "to save each variable once"
+    if isinstance(variable, _attr(values_lib, "DistributedVariable", why)):
+        return tuple(variable.values)
+    if isinstance(variable, _attr(ps_values, "AggregatingVariable", why)):
+        return (variable.get(),)
+    return ()
+
+
+def mirrored(components):
+    """One value per local replica, as the strategy's own all-reduce returns them."""
+    regroup = _attr(distribute_utils, "regroup", "to reduce sparse gradients exactly")
+    return regroup(list(components),
+                   wrap_class=_attr(values_lib, "Mirrored", "to reduce sparse gradients exactly"))
 
 
 # Graphs

@@ -147,7 +147,8 @@ def wrap_model_fn(model_fn, model_name: str):
                 f"model '{model_name}' " + ("builds its own train_op" if not handler.calls else
                                             f"calls estimator_dist.minimize {handler.calls} times")
                 + "; --strategy horovod needs exactly one estimator_dist.minimize(loss, params) "
-                  "call, which averages the gradients over the ranks")
+                  "call, which averages the gradients over the ranks (a model_fn that keeps "
+                  "its own, a canned Estimator's included, trains under multi_worker_mirrored)")
         return spec._replace(loss=handler.mean_loss)
 
     return horovod_model_fn

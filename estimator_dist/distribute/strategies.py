@@ -12,6 +12,7 @@ from typing import Callable, Dict, Optional, Tuple
 import tensorflow as tf
 
 from estimator_dist.compat import internals
+from estimator_dist.distribute import sparse_gradients
 from estimator_dist.distribute.devices import Devices
 from estimator_dist.distribute.specs import SPECS, StrategySpec, check_name, names, spec, with_feature  # noqa: F401
 from estimator_dist.errors import UserError
@@ -26,7 +27,8 @@ def _one_device(devices: Devices):
 
 
 def _mirrored(devices: Devices):
-    return tf.distribute.MirroredStrategy(devices=list(devices.names))
+    return sparse_gradients.reduce_exactly(
+        tf.distribute.MirroredStrategy(devices=list(devices.names)), across_workers=False)
 
 
 def _tower(devices: Devices):
@@ -42,9 +44,10 @@ def _multi_worker_mirrored(devices: Devices):
     TensorFlow's C++ holding the GIL (no Python thread runs), the service with a SIGTERM
     handler of its own that only sets a flag: a worker still connecting ignored SIGTERM
     until SIGKILL (35-60 s, measured). Estimator needs neither: both are left out."""
-    return internals.multi_worker_mirrored_without_health_check(
+    strategy = internals.multi_worker_mirrored_without_health_check(
         lambda: tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=communication(devices)))
+    return sparse_gradients.reduce_exactly(strategy, across_workers=True)
 
 
 def communication(devices: Devices) -> tf.distribute.experimental.CommunicationOptions:

@@ -25,6 +25,7 @@ from estimator_dist.distribute import horovod as hvd_lib
 from estimator_dist.distribute import horovod_train
 from estimator_dist.guards import model_dir_lock
 from estimator_dist.graph import precision
+from estimator_dist.graph.distinct_variables import DistinctVariablesHook
 from estimator_dist.guards import preemption
 from estimator_dist import files
 from estimator_dist import quiet
@@ -317,7 +318,7 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say,
                             and p.writes_run_files else None,
                             summary_dir=p.model_dir if p.writes_run_files else None)
     hooks = (training_hooks(p, estimator, progress, say) + [train_op_check(p)] + step_file_hooks()
-             + list(extra_hooks))
+             + [DistinctVariablesHook()] + list(extra_hooks))
     train_spec, eval_spec = build_specs(p, hooks)
     # Only this run's exports are reported: a resumed chief printed an earlier run's.
     earlier_exports = set(export_lib.export_paths(p.model_dir))

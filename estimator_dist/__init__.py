@@ -12,8 +12,8 @@ _PUBLIC = {
     "register_model": "estimator_dist.training.registry",
     "register_input": "estimator_dist.training.registry",
     "minimize": "estimator_dist.graph.train_op",
-    "classification_spec": "estimator_dist.graph.heads",
-    "regression_spec": "estimator_dist.graph.heads",
+    "classification_spec": "estimator_dist.serving.heads",
+    "regression_spec": "estimator_dist.serving.heads",
 }
 
 __all__ = sorted(_PUBLIC)

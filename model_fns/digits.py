@@ -1,8 +1,8 @@
 """A small CNN for the 8x8 digits, built from tf.keras layers inside a model_fn."""
 import tensorflow as tf
 
-from estimator_dist.training import hparam_checks
-from estimator_dist.graph.heads import classification_spec
+from estimator_dist.graph import hparam_checks
+from estimator_dist.serving.heads import classification_spec
 from estimator_dist.training.registry import register_model
 
 

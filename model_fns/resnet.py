@@ -1,9 +1,9 @@
 """ResNet v1 for CIFAR-10 (He et al. 2015, section 4.2): depth 6n+2, three stages of n blocks."""
 import tensorflow as tf
 
-from estimator_dist.training import hparam_checks
+from estimator_dist.graph import hparam_checks
 from estimator_dist.errors import UserError
-from estimator_dist.graph.heads import classification_spec
+from estimator_dist.serving.heads import classification_spec
 from estimator_dist.training.registry import register_model
 
 STAGE_FILTERS = (16, 32, 64)

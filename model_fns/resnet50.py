@@ -9,8 +9,8 @@ first op, so a SavedModel takes pixels too.
 import tensorflow as tf
 
 from estimator_dist.errors import UserError
-from estimator_dist.graph.heads import classification_spec
-from estimator_dist.training import hparam_checks
+from estimator_dist.serving.heads import classification_spec
+from estimator_dist.graph import hparam_checks
 from estimator_dist.training.registry import register_model
 from input_fns.imagenet_preprocessing import normalize
 from model_fns.resnet import _bn as batch_norm

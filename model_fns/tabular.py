@@ -8,7 +8,7 @@ import math
 import tensorflow as tf
 
 from estimator_dist.errors import UserError
-from estimator_dist.graph.heads import classification_spec, regression_spec
+from estimator_dist.serving.heads import classification_spec, regression_spec
 from estimator_dist.training.registry import register_model
 
 HPARAMS = {

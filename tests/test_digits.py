@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from conftest import make_config, quick_train
 from estimator_dist.training import run as runner
-from estimator_dist.graph.heads import classification_spec
+from estimator_dist.serving.heads import classification_spec
 from estimator_dist.training.registry import MODELS, register_model
 from model_fns.digits import build_network
 

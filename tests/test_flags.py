@@ -12,7 +12,7 @@ from estimator_dist.training import flags
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 HEADING = "### `train` flags"
 REGENERATE = (f"README's '{HEADING}' table differs from the config dataclasses' flag metadata "
-              f"(estimator_dist/training/config_schema.py); print the right table with "
+              f"(estimator_dist/config_schema.py); print the right table with "
               f"'python -m estimator_dist.training.flags --markdown' and paste it over README's")
 
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 import guard_models  # noqa: F401 - registers guard_mlp
 import tiny_models
 from conftest import make_config
-from estimator_dist.training import checkpoints
+from estimator_dist.guards import checkpoints
 from estimator_dist.serving import export as export_lib
 from estimator_dist.training import plan as plan_lib
 from estimator_dist.training import estimator as estimator_lib

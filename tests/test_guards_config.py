@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from conftest import make_config
 from estimator_dist.cli import main as cli
-from estimator_dist.training import hparam_checks
+from estimator_dist.graph import hparam_checks
 from estimator_dist.training import plan as plan_lib
 from estimator_dist.errors import UserError
 from model_fns import digits, resnet

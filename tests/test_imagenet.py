@@ -290,7 +290,8 @@ def test_an_unknown_depth_is_refused():
 
 
 def test_label_smoothing_and_warmup():
-    from estimator_dist.graph import heads, train_op
+    from estimator_dist.graph import train_op
+    from estimator_dist.serving import heads
 
     with tf.Graph().as_default():
         logits = tf.constant([[2.0, 0.0, 0.0]])

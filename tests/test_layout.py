@@ -133,6 +133,50 @@ def test_nothing_imports_the_cli():
     assert importers == []
 
 
+# The package's layers, outermost first (docs/architecture.md draws them). A module may import
+# its own package and the packages below its own, never one above. "core" is the top-level
+# modules (errors, files, paths, timers, quiet, config_schema, config_yaml) and compat/.
+LAYERS = ("cli", "bench", "training", "launch", "serving", "guards", "graph", "distribute",
+          "records", "core")
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if module == "estimator_dist.__main__":
+        return "cli"  # the entry point
+    if len(parts) == 2 or parts[1] == "compat":
+        return "core"
+    return parts[1]
+
+
+def upward_imports(edges):
+    """Every `module -> imported module` that goes up the layers (or into an unknown one)."""
+    up = []
+    for module, deps in sorted(edges.items()):
+        for dep in sorted(deps):
+            src, dst = layer_of(module), layer_of(dep)
+            if src != dst and (dst not in LAYERS or src not in LAYERS
+                               or LAYERS.index(dst) < LAYERS.index(src)):
+                up.append(f"{module} ({src}) -> {dep} ({dst})")
+    return up
+
+
+def test_packages_are_layers_no_import_goes_up():
+    edges = without_parents({m: inside for m, (inside, _) in graph().items()})
+    assert upward_imports(edges) == []
+
+
+def test_layer_check_finds_an_upward_import():
+    """The check can fail: graph importing training, and a package no layer names."""
+    assert upward_imports({"estimator_dist.graph.towers": {"estimator_dist.training.run"},
+                           "estimator_dist.training.run": {"estimator_dist.graph.towers",
+                                                           "estimator_dist.errors"},
+                           "estimator_dist.extra.x": set()}) == [
+        "estimator_dist.graph.towers (graph) -> estimator_dist.training.run (training)"]
+    assert upward_imports({"estimator_dist.newpkg.a": {"estimator_dist.errors"}}) == [
+        "estimator_dist.newpkg.a (newpkg) -> estimator_dist.errors (core)"]
+
+
 @pytest.mark.parametrize("root", ["estimator_dist", "model_fns", "input_fns"])
 def test_no_file_over_450_lines(root):
     long = []
@@ -148,7 +192,7 @@ def test_no_file_over_450_lines(root):
 
 # Who may read a task type, a Horovod rank or a strategy's name (issue 23): the Role, the
 # StrategySpec table, the strategy builders and TF_CONFIG/Horovod-environment parsing.
-DECIDERS = {"estimator_dist.training.roles", "estimator_dist.distribute.specs",
+DECIDERS = {"estimator_dist.distribute.roles", "estimator_dist.distribute.specs",
             "estimator_dist.distribute.strategies", "estimator_dist.distribute.tf_config",
             "estimator_dist.distribute.horovod"}
 ROLE_NAMES = {"local", "chief", "worker", "ps", "evaluator"}
@@ -312,7 +356,7 @@ def test_tensorflow_internals_only_behind_the_door():
 def test_internals_finder_finds_them(tmp_path):
     """The check can fail: each kind of use is found, planted in a copy of a real module."""
     code = tmp_path / "m.py"
-    code.write_text(open(os.path.join(REPO, "estimator_dist", "graph", "xla.py")).read() +
+    code.write_text(open(os.path.join(REPO, "estimator_dist", "distribute", "xla.py")).read() +
                     "from tensorflow.python.eager import context\n"
                     "import tensorflow_estimator.python.estimator.training\n"
                     "v = graph._collections\n"
@@ -325,7 +369,7 @@ def test_internals_finder_finds_them(tmp_path):
                     "    def __init__(self):\n        self._mine = 1\n"
                     "    def end(self, session):\n        self._save(session, self._mine)\n"
                     "s = spec._replace(loss=1)\n")
-    base = len(open(os.path.join(REPO, "estimator_dist", "graph", "xla.py")).read().splitlines())
+    base = len(open(os.path.join(REPO, "estimator_dist", "distribute", "xla.py")).read().splitlines())
     found = [f"{int(line.split(':')[0]) - base}:{line.split(':', 1)[1]}"
              for line in internals_used(str(code))]
     assert found == ["1: imports tensorflow.python.eager",

@@ -6,8 +6,8 @@ import pytest
 
 from estimator_dist.distribute import tf_config as cluster_lib
 from estimator_dist.errors import UserError
-from estimator_dist.training import roles
-from estimator_dist.training.roles import Role
+from estimator_dist.distribute import roles
+from estimator_dist.distribute.roles import Role
 import platform_configs as platforms
 
 H = [f"10.0.0.{i}:2222" for i in range(1, 5)]

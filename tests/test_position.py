@@ -101,7 +101,7 @@ def test_cifar_without_a_seed_draws_one_order_in_every_pipeline():
 
 def test_scale_lr_refuses_a_resume_on_another_replica_count(tmp_path):
     from estimator_dist.errors import UserError
-    from estimator_dist.training import checkpoints
+    from estimator_dist.guards import checkpoints
 
     (tmp_path / "config.yaml").write_text("model: digits\nreplicas: 2\n")
     for name in ("model.ckpt-60.index", "model.ckpt-60.data-00000-of-00001"):

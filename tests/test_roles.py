@@ -8,8 +8,8 @@ import pytest
 from estimator_dist.distribute import specs, strategies
 from estimator_dist.distribute import tf_config
 from estimator_dist.distribute.horovod import Ranks
-from estimator_dist.training import roles
-from estimator_dist.training.roles import Role
+from estimator_dist.distribute import roles
+from estimator_dist.distribute.roles import Role
 
 
 def cluster(task, workers=2, ps=0, evaluator=False):

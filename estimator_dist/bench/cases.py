@@ -35,7 +35,7 @@ from typing import Tuple
 import tensorflow as tf
 
 from estimator_dist.compat import internals
-from estimator_dist.graph.heads import classification_spec
+from estimator_dist.serving.heads import classification_spec
 from estimator_dist.training.registry import register_input, register_model
 
 IMAGE_SHAPE = (32, 32, 3)
@@ -222,7 +222,7 @@ def run_project(spec, clock: Clock):
     from estimator_dist import quiet
     from estimator_dist.guards import preemption
     from estimator_dist.guards import storage
-    from estimator_dist.training import checkpoints
+    from estimator_dist.guards import checkpoints
     from estimator_dist.training import flags
     from estimator_dist.training import plan as plan_lib
     from estimator_dist.training import run as runner

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from estimator_dist.bench import cases
 from estimator_dist.bench import imagenet_data
-from estimator_dist.graph.heads import classification_spec
+from estimator_dist.serving.heads import classification_spec
 from estimator_dist.training.registry import INPUTS, register_input, register_model
 from input_fns import imagenet
 from input_fns import imagenet_preprocessing as preprocessing

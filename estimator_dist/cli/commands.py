@@ -4,7 +4,7 @@ import sys
 
 from estimator_dist import errors
 from estimator_dist.distribute import specs
-from estimator_dist.training import checkpoints
+from estimator_dist.guards import checkpoints
 from estimator_dist.training import config as config_lib
 from estimator_dist.serving import export as export_lib
 from estimator_dist import files

@@ -11,7 +11,7 @@ from typing import Optional, Sequence, Tuple
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
-from estimator_dist.graph import xla
+from estimator_dist.distribute import xla
 from estimator_dist.errors import UserError
 
 MAX_LOGICAL_CPUS = max(8, os.cpu_count() or 1)

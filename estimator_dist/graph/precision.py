@@ -32,7 +32,7 @@ from typing import Iterable, Optional
 import tensorflow as tf
 
 from estimator_dist.distribute import devices as devices_lib
-from estimator_dist.training import model_fn_wrap
+from estimator_dist.graph import model_fn_wrap
 from estimator_dist.errors import UserError
 
 POLICY = "mixed_bfloat16"

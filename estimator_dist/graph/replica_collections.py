@@ -42,7 +42,7 @@ from typing import Dict, Iterable, Optional
 import tensorflow as tf
 
 from estimator_dist.compat import internals
-from estimator_dist.training import model_fn_wrap
+from estimator_dist.graph import model_fn_wrap
 
 KEYS = tf.compat.v1.GraphKeys
 # TF's own collections that a model_fn call fills for its replica.

@@ -19,7 +19,7 @@ from typing import Optional
 import tensorflow as tf
 
 from estimator_dist.compat import internals
-from estimator_dist.training import model_fn_wrap
+from estimator_dist.graph import model_fn_wrap
 from estimator_dist.errors import UserError
 
 

@@ -40,7 +40,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from estimator_dist.graph import accumulate
-from estimator_dist.training import model_fn_wrap
+from estimator_dist.graph import model_fn_wrap
 from estimator_dist.graph import replica_collections
 from estimator_dist.graph import train_op as train_op_lib
 from estimator_dist.errors import UserError

@@ -10,7 +10,7 @@ import math
 import tensorflow as tf
 
 from estimator_dist.graph import compression
-from estimator_dist.training import hparam_checks
+from estimator_dist.graph import hparam_checks
 from estimator_dist.graph import numerics
 from estimator_dist.errors import UserError
 

@@ -18,7 +18,7 @@ from typing import Dict, Iterable, Optional, Set
 import tensorflow as tf
 
 from estimator_dist.compat import internals
-from estimator_dist.training import checkpoints
+from estimator_dist.guards import checkpoints
 from estimator_dist import files
 from estimator_dist.errors import StorageError, UserError
 from estimator_dist.files import reason_in, storage_error

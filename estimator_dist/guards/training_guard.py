@@ -22,7 +22,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from estimator_dist.training import checkpoints
+from estimator_dist.guards import checkpoints
 from estimator_dist.guards import memory
 from estimator_dist.graph import numerics
 from estimator_dist.guards import peers
@@ -34,7 +34,7 @@ from estimator_dist.guards import storage
 from estimator_dist.errors import (ReportedError, StorageError, TrainingFailed, first_line,
                                    op_error_line)
 from estimator_dist.guards import step_end
-from estimator_dist.training.roles import PS, WORKER, Role
+from estimator_dist.distribute.roles import PS, WORKER, Role
 
 # A Slurm step's ps on SIGTERM outlives the chief's deadline (PEER_DEADLINE_S) by this much.
 PS_MARGIN_S = 10.0

@@ -16,7 +16,7 @@ from typing import List, Set, Tuple
 from estimator_dist.distribute import horovod_setup
 from estimator_dist.launch import supervisor as launcher
 from estimator_dist.errors import UserError
-from estimator_dist.training import roles
+from estimator_dist.distribute import roles
 
 HOST = "localhost"  # the host name the ranks and the rendezvous agree on
 WORKERS_EXIT_TIMEOUT = 60.0

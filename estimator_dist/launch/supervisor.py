@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Optional
 
 from estimator_dist import timers
 from estimator_dist.launch.ports import LOOPBACK, free_ports, release_ports  # noqa: F401
-from estimator_dist.training import roles
+from estimator_dist.distribute import roles
 
 EXIT_CLUSTER_FAILED = 3
 # SIGTERM to SIGKILL when the launcher stops a task: longer than a task that handles

@@ -12,7 +12,7 @@ import re
 from typing import Dict, List, Mapping, Sequence
 
 from estimator_dist.errors import UserError
-from estimator_dist.training import roles
+from estimator_dist.distribute import roles
 
 
 def visible_gpus(environ: Mapping[str, str] = os.environ, dev_dir: str = "/dev") -> List[str]:

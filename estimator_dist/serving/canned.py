@@ -11,8 +11,8 @@ tf.Example.
 """
 import tensorflow as tf
 
-from estimator_dist.graph import heads
-from estimator_dist.training import model_fn_wrap
+from estimator_dist.serving import heads
+from estimator_dist.graph import model_fn_wrap
 
 PREDICT_RAW = "predict_raw"
 

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import tensorflow as tf
 
 from estimator_dist.compat import internals
-from estimator_dist.training import checkpoints
+from estimator_dist.guards import checkpoints
 from estimator_dist import errors
 from estimator_dist import files
 from estimator_dist.guards import storage

@@ -48,7 +48,7 @@ def image_paths(path: str) -> List[str]:
 def preparation(model_dir: str, saved_model: str, specs) -> Dict:
     """The image_files metadata of the run that exported `saved_model`, checked against the
     SavedModel's inputs `specs`."""
-    from estimator_dist.training import config as config_lib
+    from estimator_dist import config_yaml as config_lib
 
     config_path = os.path.join(model_dir, config_lib.CONFIG_FILE)
     if not os.path.isfile(config_path):

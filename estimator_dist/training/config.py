@@ -18,10 +18,10 @@ from estimator_dist import files
 from estimator_dist.distribute import specs
 from estimator_dist.errors import UserError
 # The dataclasses and the config files have modules of their own; config_lib.X names them all.
-from estimator_dist.training.config_schema import (  # noqa: F401 - re-exported
+from estimator_dist.config_schema import (  # noqa: F401 - re-exported
     MAX_READER_NICE, MAX_SEED, NO_READER_NICE, NO_SEED, SECTIONS, TOP_LEVEL, ComputeConfig,
     Config, DataConfig, DistributeConfig, TrainConfig, field_types, flag_names)
-from estimator_dist.training.config_yaml import (  # noqa: F401 - re-exported
+from estimator_dist.config_yaml import (  # noqa: F401 - re-exported
     CONFIG_FILE, load_saved, load_yaml, save, unreadable_saved)
 
 EXPORT_MODES = ("latest", "best", "final", "none")

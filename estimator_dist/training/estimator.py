@@ -10,10 +10,10 @@ from estimator_dist.distribute import devices as devices_lib
 from estimator_dist.serving import canned
 from estimator_dist.serving import export as export_lib
 from estimator_dist.distribute import horovod as hvd_lib
-from estimator_dist.distribute import horovod_train
+from estimator_dist.training import horovod_train
 from estimator_dist.guards import memory
 from estimator_dist.training import hooks
-from estimator_dist.training import model_fn_wrap
+from estimator_dist.graph import model_fn_wrap
 from estimator_dist.graph import numerics
 from estimator_dist.graph import precision
 from estimator_dist import quiet
@@ -23,7 +23,7 @@ from estimator_dist.distribute import specs
 from estimator_dist.distribute import strategies
 from estimator_dist.graph import sync_replicas
 from estimator_dist.graph import towers
-from estimator_dist.graph import xla
+from estimator_dist.distribute import xla
 from estimator_dist.errors import UserError
 from estimator_dist.training.plan import SERVING_NAMED, Plan, log_every
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 from estimator_dist.distribute import tf_config as cluster_lib
 from estimator_dist.guards import preemption
 from estimator_dist.serving import export as export_lib
-from estimator_dist.training import checkpoints as checkpoints_lib
+from estimator_dist.guards import checkpoints as checkpoints_lib
 from estimator_dist.training.estimator import single_device_estimator
 from estimator_dist.training.plan import Plan
 from estimator_dist.training.summary import checkpoint_step

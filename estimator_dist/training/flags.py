@@ -16,7 +16,7 @@ from typing import List, Sequence, Tuple
 from estimator_dist import paths
 from estimator_dist.errors import UserError
 from estimator_dist.training import config as config_lib
-from estimator_dist.training.config_schema import SECTIONS, FlagDoc, flag_doc
+from estimator_dist.config_schema import SECTIONS, FlagDoc, flag_doc
 
 
 def nonempty_arg(fix: str):

@@ -6,7 +6,7 @@ import re
 
 import tensorflow as tf
 
-from estimator_dist.training import checkpoints as checkpoints_lib
+from estimator_dist.guards import checkpoints as checkpoints_lib
 from estimator_dist.serving import export as export_lib
 from estimator_dist.errors import UserError, first_line
 from estimator_dist.training.estimator import build_model_fn, make_input_fn

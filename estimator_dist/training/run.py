@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
-from estimator_dist.training import checkpoints as checkpoints_lib
+from estimator_dist.guards import checkpoints as checkpoints_lib
 from estimator_dist.distribute import tf_config as cluster_lib
 from estimator_dist.training import config as config_lib
 from estimator_dist.training import early_stopping
@@ -22,7 +22,7 @@ from estimator_dist.training.final import (evaluate_final_checkpoint, export_aft
 from estimator_dist.serving import export as export_lib
 from estimator_dist.guards import training_guard as guards
 from estimator_dist.distribute import horovod as hvd_lib
-from estimator_dist.distribute import horovod_train
+from estimator_dist.training import horovod_train
 from estimator_dist.guards import model_dir_lock
 from estimator_dist.graph import precision
 from estimator_dist.graph.distinct_variables import DistinctVariablesHook
@@ -33,7 +33,7 @@ from estimator_dist.guards import storage
 from estimator_dist.distribute import strategies
 from estimator_dist.errors import (Interrupted, OutOfMemory, Preempted, RunFinished, StorageError,
                                    TrainingFailed, UntrainableTrainOp, UserError, op_error_line)
-from estimator_dist.training import roles
+from estimator_dist.distribute import roles
 from estimator_dist.training.hooks import ProgressHook, TrainOpCheckHook, note_stop, step_file_hooks
 from estimator_dist.training.estimator import build_estimator, build_model_fn, build_run_config, make_input_fn, single_device_estimator
 from estimator_dist.training.plan import SERVING_NAMED, Plan, describe, log_every, plain_features_note, plan

@@ -22,7 +22,7 @@ import os
 import tensorflow as tf
 
 from estimator_dist.compat import internals
-from estimator_dist.training import model_fn_wrap
+from estimator_dist.graph import model_fn_wrap
 
 GRAPH_FILE = "graph.pbtxt"
 

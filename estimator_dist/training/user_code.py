@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from estimator_dist.serving import export as export_lib
 from estimator_dist.training import hints
-from estimator_dist.training import model_fn_wrap
+from estimator_dist.graph import model_fn_wrap
 from estimator_dist import quiet
 from estimator_dist.errors import ReportedError, UserError, first_line
 from estimator_dist.training.registry import Entry

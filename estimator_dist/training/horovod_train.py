@@ -18,7 +18,7 @@
 import tensorflow as tf
 
 from estimator_dist.guards import memory
-from estimator_dist.training import model_fn_wrap
+from estimator_dist.graph import model_fn_wrap
 from estimator_dist.graph import numerics
 from estimator_dist.graph import train_op as train_op_lib
 from estimator_dist.errors import UserError

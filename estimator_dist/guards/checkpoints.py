@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 
 import tensorflow as tf
 
-from estimator_dist.training import config as config_lib
+from estimator_dist import config_yaml as config_lib
 from estimator_dist import files
 from estimator_dist.errors import UserError, first_line
 

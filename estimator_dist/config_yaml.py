@@ -7,7 +7,7 @@ import yaml
 
 from estimator_dist import files
 from estimator_dist.errors import UserError
-from estimator_dist.training.config_schema import TOP_LEVEL
+from estimator_dist.config_schema import TOP_LEVEL
 
 CONFIG_FILE = "config.yaml"
 

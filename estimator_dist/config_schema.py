@@ -189,6 +189,12 @@ class DistributeConfig:
     scale_lr: bool = field(default=False, metadata=flag(
         "multiply the learning rate by the number of replicas (all workers)",
         "multiply the learning rate by the number of replicas (every worker's)", "off"))
+    allow_identical_batches: bool = field(default=False, metadata=flag(
+        "multi_worker_mirrored: let every worker read the same batches (without it a run whose "
+        "input does not shard by input_context stops at its first step, exit 2)",
+        "`multi_worker_mirrored`: let every worker read the same batches; without it a run "
+        "whose workers' first batches are equal (an input that does not shard by "
+        "`input_context`) stops at its first step, exit 2", "off"))
     gradient_compression: str = field(default="none", metadata=flag(
         "all-reduce gradients in 16 bits: none, fp16 or bf16 (mirrored, multi_worker_mirrored; "
         "horovod: fp16)",

@@ -272,6 +272,13 @@ class Role:
         return self.strategy.every_worker_saves and self.trains_in_a_group
 
     @property
+    def compares_first_batches(self) -> bool:
+        """Its workers all-reduce every step (multi_worker_mirrored): an input that does not
+        shard feeds them the same batches; they compare their first (identical_batches.py)."""
+        return self.strategy.every_worker_saves and self.trains_in_a_group and \
+            self.num_workers > 1
+
+    @property
     def saves_on_sigterm(self) -> bool:
         """Finishes its step and saves, exit 143 (130 on Ctrl-C); the others exit 143 at once
         with one line (they write no checkpoint)."""

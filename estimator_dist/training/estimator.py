@@ -11,6 +11,7 @@ from estimator_dist.serving import canned
 from estimator_dist.serving import export as export_lib
 from estimator_dist.distribute import horovod as hvd_lib
 from estimator_dist.training import horovod_train
+from estimator_dist.guards import identical_batches
 from estimator_dist.guards import memory
 from estimator_dist.training import hooks
 from estimator_dist.graph import model_fn_wrap
@@ -87,10 +88,17 @@ def build_model_fn(p: Plan):
             accumulate_steps=d.accumulate_steps)
     if strategies.calls_model_fn_per_device(d.strategy, p.devices):
         model_fn = replica_collections.per_replica(model_fn)
+    if compares_first_batches(p):  # each replica's whole batch, as the input gave it
+        model_fn = identical_batches.fingerprinted(model_fn)
     model_fn = ordered_checks(model_fn, checks_after_last_gradient(p))
     model_fn = memory_checked(model_fn, p.role.checks_memory)
     model_fn = precision.wrap_model_fn(model_fn, p.config.compute.mixed_precision, p.model.name)
     return reported_build_errors(model_fn, p.model.name, p.input.name)
+
+
+def compares_first_batches(p: Plan) -> bool:
+    """Whether the workers compare their first batches (guards/identical_batches.py)."""
+    return p.role.compares_first_batches and not p.config.distribute.allow_identical_batches
 
 
 def serving_checked(model_fn, serving_features, input_name: str, plain: bool = False):

@@ -23,6 +23,7 @@ from estimator_dist.serving import export as export_lib
 from estimator_dist.guards import training_guard as guards
 from estimator_dist.distribute import horovod as hvd_lib
 from estimator_dist.training import horovod_train
+from estimator_dist.guards import identical_batches
 from estimator_dist.guards import model_dir_lock
 from estimator_dist.graph import precision
 from estimator_dist.graph.distinct_variables import DistinctVariablesHook
@@ -35,7 +36,7 @@ from estimator_dist.errors import (Interrupted, OutOfMemory, Preempted, RunFinis
                                    TrainingFailed, UntrainableTrainOp, UserError, op_error_line)
 from estimator_dist.distribute import roles
 from estimator_dist.training.hooks import ProgressHook, TrainOpCheckHook, note_stop, step_file_hooks
-from estimator_dist.training.estimator import build_estimator, build_model_fn, build_run_config, make_input_fn, single_device_estimator
+from estimator_dist.training.estimator import build_estimator, build_model_fn, build_run_config, compares_first_batches, make_input_fn, single_device_estimator
 from estimator_dist.training.plan import SERVING_NAMED, Plan, describe, log_every, plain_features_note, plan
 from estimator_dist.training.preflight import check_eval_input_ends, check_eval_metric_names, check_predict_graph, own_server_checked, restorable_checkpoint, warm_start_settings
 from estimator_dist.training.summary import checkpoint_step, final_eval_metrics, format_result, plain, save_run_files, silent, write_summary
@@ -64,6 +65,8 @@ def training_hooks(p: Plan, estimator, progress: ProgressHook, say):
     if p.role.horovod:
         return horovod_hooks(p, estimator, progress, say)
     hooks = [progress]
+    if compares_first_batches(p):
+        hooks.append(identical_batches.FirstBatchHook(p.role.num_workers, p.input.name))
     if t.early_stop and p.role.runs_early_stop_hook:
         hooks.append(early_stopping.make_hook(
             estimator, t.early_stop, config_lib.higher_is_better(t.early_stop, t.higher_is_better),

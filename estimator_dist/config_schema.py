@@ -190,11 +190,12 @@ class DistributeConfig:
         "multiply the learning rate by the number of replicas (all workers)",
         "multiply the learning rate by the number of replicas (every worker's)", "off"))
     allow_identical_batches: bool = field(default=False, metadata=flag(
-        "multi_worker_mirrored: let every worker read the same batches (without it a run whose "
-        "input does not shard by input_context stops at its first step, exit 2)",
-        "`multi_worker_mirrored`: let every worker read the same batches; without it a run "
-        "whose workers' first batches are equal (an input that does not shard by "
-        "`input_context`) stops at its first step, exit 2", "off"))
+        "multi_worker_mirrored: let every worker read the same examples (without it a run "
+        "whose input does not shard by input_context stops in its first steps, exit 2)",
+        "`multi_worker_mirrored`: let every worker read the same examples; without it a run "
+        "whose workers read the same first batch, or the same labels in the same order "
+        "(an input that does not shard by `input_context`), stops in its first steps, exit 2 "
+        "(see [docs/cluster.md](docs/cluster.md))", "off"))
     gradient_compression: str = field(default="none", metadata=flag(
         "all-reduce gradients in 16 bits: none, fp16 or bf16 (mirrored, multi_worker_mirrored; "
         "horovod: fp16)",

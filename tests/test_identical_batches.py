@@ -40,6 +40,18 @@ def sharded_input(mode, params, input_context=None):
     return dataset.repeat().batch(params["batch_size"])
 
 
+@ed.register_input("augmented")
+def augmented_input(mode, params):
+    """As TensorFlow's cifar10_estimator tutorial: the shuffle has its own seed, the
+    augmentation is drawn apart on each worker."""
+    dataset = tf.data.Dataset.from_tensor_slices(examples()).repeat()
+    if mode == tf.estimator.ModeKeys.TRAIN:
+        dataset = dataset.shuffle(buffer_size=512, seed=7).map(
+            lambda features, label: ({"x": features["x"] + tf.random.uniform([8], 0, 0.01)},
+                                     label))
+    return dataset.batch(params["batch_size"])
+
+
 @ed.register_model("tiny", default_input="official")
 def tiny(features, labels, mode, params):
     logits = tf.compat.v1.layers.dense(features["x"], 2)
@@ -53,14 +65,14 @@ def tiny(features, labels, mode, params):
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 '''
 
-STEPS = 6
+STEPS = 10
 
 
-def cluster(tmp_path, *flags):
+def cluster(tmp_path, *flags, seed=("--seed", "1")):
     """A 2-worker multi_worker_mirrored cluster of the user's code, from a fresh folder."""
     (tmp_path / "official.py").write_text(USER_CODE)
     run = Run(["--workers", "2", "--strategy", "multi_worker_mirrored", "--import", "official",
-               "--model", "tiny", "--batch_size", "16", "--seed", "1", "--export", "none",
+               "--model", "tiny", "--batch_size", "128", *seed, "--export", "none",
                "--eval_steps", "2", "--train_steps", str(STEPS), "--model_dir", "run", *flags],
               cwd=str(tmp_path), env=environment(tmp_path), timeout=540)
     try:
@@ -85,11 +97,25 @@ def test_an_unsharded_input_stops_every_worker_at_its_first_step(tmp_path):
     assert not checkpoint_steps(tmp_path / "run") or max(checkpoint_steps(tmp_path / "run")) == 0
 
 
+@pytest.mark.timeout(600)
+def test_augmented_batches_of_the_same_examples_stop_once_their_labels_tell(tmp_path):
+    """Unseeded augmentation makes the workers' batches differ; the labels, 512 of them
+    (8 steps of 64 a worker), are the same sequence."""
+    run = cluster(tmp_path, "--input", "augmented", seed=())
+    assert run.proc.returncode == 2, run.text
+    assert re.search(r"\[chief:0\] estimator-dist: error: all 2 workers read the same labels "
+                     r"in the same order in their first 8 steps \(their features differ: random "
+                     r"augmentation\?\) from input 'augmented' .*ds\.shard\(", run.text), run.text
+    assert "step 8/" in run.text and "step 9/" not in run.text, run.text
+    assert "Traceback" not in run.text, run.text
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("flags", [("--input", "sharded"),
                                    ("--input", "official", "--allow_identical_batches")],
                          ids=["sharded", "allowed"])
 def test_a_sharded_input_or_the_flag_trains_to_the_end(tmp_path, flags):
+    """Past the label comparison too (step 8 of 10)."""
     run = cluster(tmp_path, *flags)
     assert run.proc.returncode == 0, run.text
     assert checkpoint_steps(tmp_path / "run")[-1] == STEPS
@@ -121,14 +147,34 @@ def test_the_fingerprint_tells_equal_batches_from_reordered_or_changed_ones():
                for i, c in enumerate(identical_batches.chunks(same))) == same
 
 
-@pytest.mark.parametrize("rows, workers, shared", [
-    ([[1, 2, 3], [1, 2, 3]], 2, 2),
-    ([[1, 2, 3], [1, 2, 4]], 2, 0),
+@pytest.mark.parametrize("rows, per_worker, shared", [
+    ([[1, 2, 3], [1, 2, 3]], 1, 2),
+    ([[1, 2, 3], [1, 2, 4]], 1, 0),
     ([[5, 0, 0], [5, 0, 0], [6, 0, 0], [6, 0, 0]], 2, 0),  # 2 replicas a worker
     ([[5, 0, 0], [5, 0, 0], [5, 0, 0], [5, 0, 0]], 2, 2),
-    ([[1, 0, 0], [2, 0, 0], [1, 0, 0]], 3, 2),
+    ([[1, 0, 0], [2, 0, 0], [1, 0, 0]], 1, 2),
 ])
-def test_workers_sharing_a_first_batch_are_counted(rows, workers, shared):
+def test_workers_sharing_a_first_batch_are_counted(rows, per_worker, shared):
     from estimator_dist.guards import identical_batches
 
-    assert identical_batches.sharing(rows, workers) == shared
+    assert identical_batches.sharing(rows, per_worker) == shared
+
+
+def test_labels_count_only_when_a_chance_match_is_unlikely():
+    import hashlib
+    import random
+
+    from estimator_dist.guards import identical_batches as ib
+
+    shuffled = random.Random(0).sample([b"0", b"1"] * 256, 512)
+    assert ib.label_bits(shuffled) == 512.0
+    assert ib.label_bits([b"0"] * 512) == 0.0  # one class: no information
+    # 1 % positives: a sharded pair could match by chance.
+    assert ib.label_bits(random.Random(0).sample([b"0"] * 507 + [b"1"] * 5, 512)) == 0.0
+    # Sorted by class, or repeating: every shard of an unshuffled dataset reads the same.
+    assert ib.label_bits(sorted(shuffled)) == 0.0
+    assert ib.label_bits([bytes([i % 10]) for i in range(512)]) == 0.0
+    keys = []
+    ib.add_labels([[1, 0, 1]], hashlib.blake2b(digest_size=8), keys)
+    assert keys == [(1).to_bytes(8, "little"), (0).to_bytes(8, "little"),
+                    (1).to_bytes(8, "little")]

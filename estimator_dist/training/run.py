@@ -66,7 +66,8 @@ def training_hooks(p: Plan, estimator, progress: ProgressHook, say):
         return horovod_hooks(p, estimator, progress, say)
     hooks = [progress]
     if compares_first_batches(p):
-        hooks.append(identical_batches.FirstBatchHook(p.role.num_workers, p.input.name))
+        hooks.append(identical_batches.FirstBatchHook(p.role.num_workers, p.input.name,
+                                                      p.params()["batch_size"]))
     if t.early_stop and p.role.runs_early_stop_hook:
         hooks.append(early_stopping.make_hook(
             estimator, t.early_stop, config_lib.higher_is_better(t.early_stop, t.higher_is_better),

@@ -95,6 +95,7 @@ def test_an_unsharded_input_stops_every_worker_at_its_first_step(tmp_path):
             in line and "--allow_identical_batches" in line, line
     assert "Traceback" not in run.text and "restarting" not in run.text, run.text
     assert not checkpoint_steps(tmp_path / "run") or max(checkpoint_steps(tmp_path / "run")) == 0
+    assert not (tmp_path / "run" / "tmp_worker_0").exists()  # the worker's copies, removed
 
 
 @pytest.mark.timeout(600)

@@ -26,6 +26,7 @@ from estimator_dist.errors import UserError
 from estimator_dist.graph import model_fn_wrap
 
 FINGERPRINTS = "estimator_dist_batch_fingerprints"
+LABELS = "estimator_dist_batch_labels"
 SCOPE = "identical_batches"
 FLAG = "--allow_identical_batches"
 # The 62-bit fingerprint travels as float32 chunks, each exact (a 24-bit significand).
@@ -52,15 +53,18 @@ def fingerprint(features, labels) -> tf.Tensor:
 
 def fingerprinted(model_fn):
     """A model_fn recording the fingerprint of each TRAIN batch it is given (one per
-    replica, in the graph's FINGERPRINTS collection)."""
+    replica, in the graph's FINGERPRINTS collection) and the first replica's labels
+    (LABELS). Collections of tensors: the meta graph a checkpoint writes takes them."""
     def call(arguments, build):
         if arguments.get("mode") == model_fn_wrap.TRAIN:
             labels = arguments.get("labels")
+            first = not tf.compat.v1.get_collection(FINGERPRINTS)
             with tf.name_scope(SCOPE):
-                tf.compat.v1.add_to_collection(FINGERPRINTS, (
-                    fingerprint(arguments.get("features"), labels),
-                    [t for t in tf.nest.flatten(labels, expand_composites=True)
-                     if t is not None]))
+                tf.compat.v1.add_to_collection(
+                    FINGERPRINTS, fingerprint(arguments.get("features"), labels))
+            for t in tf.nest.flatten(labels, expand_composites=True) if first else ():
+                if t is not None:
+                    tf.compat.v1.add_to_collection(LABELS, t)
         return build()
 
     return model_fn_wrap.around_arguments(model_fn, call)
@@ -117,7 +121,8 @@ class FirstBatchHook(tf.compat.v1.train.SessionRunHook):
         recorded = tf.compat.v1.get_collection(FINGERPRINTS)
         if not recorded:
             return
-        self._fingerprint, self._labels = recorded[0]
+        self._fingerprint = recorded[0]
+        self._labels = tf.compat.v1.get_collection(LABELS)
         self._last_run = self._label_steps if self._labels else 1
         self._label_hash = hashlib.blake2b(digest_size=8)
         self._label_keys = []

@@ -274,7 +274,8 @@ class Role:
     @property
     def compares_first_batches(self) -> bool:
         """Its workers all-reduce every step (multi_worker_mirrored): an input that does not
-        shard feeds them the same batches; they compare their first (identical_batches.py)."""
+        shard feeds them the same batches; they compare their first batches and labels
+        (guards/identical_batches.py)."""
         return self.strategy.every_worker_saves and self.trains_in_a_group and \
             self.num_workers > 1
 

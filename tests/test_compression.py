@@ -77,8 +77,9 @@ def test_cli_refuses_an_unknown_setting_and_horovod_bf16(tmp_path):
 
 def test_two_workers_all_reduce_the_gradients_in_float16(tmp_path):
     """A real 2-worker multi_worker_mirrored cluster: the gradients' collective is DT_HALF, and
-    the only float32 collectives left are the loss Estimator reports, the preemption vote and
-    the checkpoint's sync-on-read reads."""
+    the only float32 collectives left are the loss Estimator reports, the preemption vote, the
+    exchange of the workers' first-batch fingerprints (identical_batches.py) and the
+    checkpoint's sync-on-read reads."""
     result = run_cli("cluster", "--workers", "2", "--model", "digits", "--train_steps", "4",
                      "--gradient_compression", "fp16", "--export", "none",
                      "--model_dir", str(tmp_path), timeout=600)
@@ -91,7 +92,7 @@ def test_two_workers_all_reduce_the_gradients_in_float16(tmp_path):
     halves = [name for name, dtype in reduces.items() if dtype == "DT_HALF"]
     others = [name for name, dtype in reduces.items()
               if dtype == "DT_FLOAT" and not name.startswith("save/")]
-    assert len(halves) == 1 and len(others) == 2, reduces
+    assert len(halves) == 1 and len(others) == 3, reduces
     # The float16 pack carries every trainable variable's gradient (one Momentum slot each).
     split = next(n for n in nodes if f'input: "{halves[0]}"' in n and 'op: "SplitV"' in n)
     num_split = int(re.search(r'key: "num_split"\s*value \{\s*i: (\d+)', split).group(1))

@@ -58,14 +58,16 @@ def census_columns():
     return wide, deep
 
 
+def parse_csv(value):
+    """The official census parse_csv: one line -> (features, income above 50K)."""
+    columns = tf.io.decode_csv(value, record_defaults=CSV_DEFAULTS)
+    features = dict(zip(CSV_COLUMNS, columns))
+    labels = features.pop("income_bracket")
+    return features, tf.equal(labels, ">50K")
+
+
 def census_input(mode, params):
     """The official census input_fn: header-less CSV lines through decode_csv."""
-    def parse_csv(value):
-        columns = tf.io.decode_csv(value, record_defaults=CSV_DEFAULTS)
-        features = dict(zip(CSV_COLUMNS, columns))
-        labels = features.pop("income_bracket")
-        return features, tf.equal(labels, ">50K")
-
     dataset = tf.data.TextLineDataset(params["data_path"])
     if mode == tf.estimator.ModeKeys.TRAIN:
         dataset = dataset.shuffle(64, seed=1)
@@ -89,12 +91,6 @@ def census_sharded_input(mode, params, input_context=None):
     """The census input as docs/cluster.md asks a multi-worker input to read: its own shard
     of the lines (every n-th), in order (no shuffle: a step's examples are those of one
     process's step over the global batch)."""
-    def parse_csv(value):
-        columns = tf.io.decode_csv(value, record_defaults=CSV_DEFAULTS)
-        features = dict(zip(CSV_COLUMNS, columns))
-        labels = features.pop("income_bracket")
-        return features, tf.equal(labels, ">50K")
-
     dataset = tf.data.TextLineDataset(params["data_path"])
     if input_context is not None and input_context.num_input_pipelines > 1:
         dataset = dataset.shard(input_context.num_input_pipelines,

@@ -230,8 +230,9 @@ def run_project(spec, clock: Clock):
     argv = ["--model", spec["model"], "--input", spec["input"],
             "--strategy", spec["strategy"], "--num_devices", str(spec["num_devices"]),
             "--batch_size", str(spec["global_batch"]), "--train_steps", str(spec["train_steps"]),
-            "--model_dir", spec["model_dir"], "--export", "none", "--eval_steps", "1"] + \
-        list(spec.get("extra_args", ()))
+            "--model_dir", spec["model_dir"], "--export", "none", "--eval_steps", "1",
+            # bench_memory is one synthetic pool every worker reads whole, on purpose
+            "--allow_identical_batches"] + list(spec.get("extra_args", ()))
     if spec.get("data_dir"):
         argv += ["--data_dir", spec["data_dir"]]
     storage.forbid_world_writable()

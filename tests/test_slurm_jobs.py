@@ -77,7 +77,10 @@ def test_srun_parameter_server_step_ends_by_itself(slurm_job, tmp_path):
                     cwd=tmp_path, env=step_env(), timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "strategy parameter_server on chief:0 of 2 worker(s), 1 ps" in done.stdout
-    assert "done: step 20" in done.stdout, done.stdout
+    # Asynchronous training: the other worker's update can land after the chief's last
+    # step check, so the run may end one or two steps past 20.
+    ended = re.search(r"^0: done: step (\d+)", done.stdout, re.M)
+    assert ended and int(ended.group(1)) >= 20, done.stdout
     assert len(final_export(model_dir)) == 1, done.stdout
     assert checkpoint_steps(model_dir)[-1] >= 20
 

@@ -190,11 +190,13 @@ def test_no_file_over_450_lines(root):
     assert long == []
 
 
-# Who may read a task type, a Horovod rank or a strategy's name (issue 23): the Role, the
-# StrategySpec table, the strategy builders and TF_CONFIG/Horovod-environment parsing.
+# Who may compare with a strategy's name: the StrategySpec table, the strategy builders and
+# the Role. Every other strategy difference is a StrategySpec field.
 DECIDERS = {"estimator_dist.distribute.roles", "estimator_dist.distribute.specs",
-            "estimator_dist.distribute.strategies", "estimator_dist.distribute.tf_config",
-            "estimator_dist.distribute.horovod"}
+            "estimator_dist.distribute.strategies"}
+# Who may also read a task type or a Horovod rank: the parsers of TF_CONFIG and of Horovod's
+# environment, whose input they are (never a strategy's name).
+PARSERS = {"estimator_dist.distribute.tf_config", "estimator_dist.distribute.horovod"}
 ROLE_NAMES = {"local", "chief", "worker", "ps", "evaluator"}
 # "none" is left out: it is also a value of --export, --mixed_precision and the like.
 STRATEGY_NAMES = {"one_device", "mirrored", "central_storage", "tower", "multi_worker_mirrored",
@@ -230,9 +232,27 @@ def _names_ranks(node) -> bool:
 
 
 def test_only_roles_and_specs_decide_who_does_what():
-    offenders = {name: decisions(path) for name, path in modules().items()
-                 if name not in DECIDERS}
+    offenders = {name: not_theirs(name, decisions(path)) for name, path in modules().items()}
     assert {name: lines for name, lines in offenders.items() if lines} == {}
+
+
+def not_theirs(module: str, found):
+    """The decisions of `found` that `module` may not take."""
+    if module in DECIDERS:
+        return []
+    if module in PARSERS:  # a task type or rank is theirs to read; a strategy name is not
+        return [line for line in found
+                if set(line.partition("compares with ")[2].split(", ")) & STRATEGY_NAMES]
+    return list(found)
+
+
+def test_a_parser_may_read_task_types_but_not_strategy_names():
+    parser = "estimator_dist.distribute.tf_config"
+    assert not_theirs(parser, ["3: compares with chief", "4: reads .task_type"]) == []
+    assert not_theirs(parser, ["5: compares with chief, parameter_server"]) == [
+        "5: compares with chief, parameter_server"]
+    assert not_theirs("estimator_dist.training.run", ["3: compares with chief"]) == [
+        "3: compares with chief"]
 
 
 def test_decision_finder_finds_them(tmp_path):

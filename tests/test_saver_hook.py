@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from conftest import quick_train
 from estimator_dist.compat import internals
+from estimator_dist.distribute import specs
 from estimator_dist.training import saver_hook
 
 STEPS = 60
@@ -66,9 +67,10 @@ def test_hook_added_only_where_the_default_saver_applies():
         assert _wrapped_hooks(_spec(), mode=tf.estimator.ModeKeys.EVAL) == []
     model_fn = lambda features, labels, mode: None  # noqa: E731
     # multi_worker_mirrored: its MonitoredTrainingSession adds a saver hook of its own.
-    config = tf.estimator.RunConfig(save_checkpoints_steps=20,
-                                    train_distribute=tf.distribute.MultiWorkerMirroredStrategy())
-    assert saver_hook.with_saver_hook(model_fn, config) is model_fn
+    config = tf.estimator.RunConfig(save_checkpoints_steps=20)
+    assert specs.spec("multi_worker_mirrored").saves_itself
+    assert saver_hook.with_saver_hook(model_fn, config, strategy_saves=True) is model_fn
+    assert saver_hook.with_saver_hook(model_fn, config) is not model_fn
 
 
 @pytest.mark.parametrize("strategy,devices", [("none", 1), ("mirrored", 2)])

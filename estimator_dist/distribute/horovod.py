@@ -37,12 +37,15 @@ class Ranks:
         return self.rank == 0
 
 
+PACKAGE = "horovod"  # the module name; a missing dependency of it is named on its own
+
+
 def require():
     """horovod.tensorflow, or a one-line UserError saying how to install it."""
     try:
         import horovod.tensorflow as hvd
     except ModuleNotFoundError as e:
-        if (e.name or "horovod").split(".")[0] == "horovod":
+        if (e.name or PACKAGE).split(".")[0] == PACKAGE:
             raise not_installed() from None
         raise UserError(f"--strategy horovod: Horovod needs the module '{e.name}'; pip install "
                         f"{e.name} (or reinstall Horovod: {INSTALL})") from None

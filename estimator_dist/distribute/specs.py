@@ -17,6 +17,11 @@ TOWERS = "towers"
 HOROVOD_OPTIMIZER = "horovod_optimizer"
 
 
+# StrategySpec.cluster_ps: what a TF_CONFIG cluster must hold for a strategy.
+PS_NEEDED, PS_REFUSED, PS_FOR_WORKERS, ONE_MACHINE = (
+    "ps_needed", "ps_refused", "ps_for_workers", "one_machine")
+
+
 @dataclass(frozen=True)
 class StrategySpec:
     """Everything the rest of the package needs to know about one --strategy.
@@ -48,6 +53,16 @@ class StrategySpec:
     # minimize() applies its gradients, so --mixed_precision float16 can scale the loss
     # (tower, accumulation and Horovod apply gradients in their own handlers).
     loss_scaled: bool = True
+    # Its workers take every step together (collective all-reduce): an early stop is
+    # all-reduced, so that all stop at one step (TensorFlow's multi-worker stop hook).
+    stops_together: bool = False
+    # Its Saver runs inside the strategy (every worker saves): no checkpoint hook of ours.
+    saves_itself: bool = False
+    # What a TF_CONFIG cluster needs for it (tf_config.check_strategy): PS_NEEDED, PS_REFUSED,
+    # PS_FOR_WORKERS (between-graph training: ps tasks once there are two workers) or
+    # ONE_MACHINE (no multi-task cluster at all).
+    cluster_ps: str = ONE_MACHINE
+    chief_may_be_master: bool = True  # ParameterServerStrategy knows the chief as 'chief' only
 
     @property
     def needs_tf_config(self) -> bool:
@@ -59,7 +74,8 @@ class StrategySpec:
 
 
 SPECS: Dict[str, StrategySpec] = {s.name: s for s in (
-    StrategySpec("none", one_device=True, accumulates=True, sync_replicas=True),
+    StrategySpec("none", one_device=True, accumulates=True, sync_replicas=True,
+                 cluster_ps=PS_FOR_WORKERS),
     StrategySpec("one_device", one_device=True, accumulates=True),
     StrategySpec("mirrored", in_graph_replicas=True, accumulates=True,
                  compressions=("fp16", "bf16")),
@@ -69,9 +85,10 @@ SPECS: Dict[str, StrategySpec] = {s.name: s for s in (
                  accumulates=True, variable_device_flag=True, loss_scaled=False),
     StrategySpec("multi_worker_mirrored", processes="tf_config",
                  in_graph_replicas=True, compressions=("fp16", "bf16"),
-                 every_worker_saves=True, restarts=RESTART_CLUSTER),
+                 every_worker_saves=True, restarts=RESTART_CLUSTER, stops_together=True,
+                 saves_itself=True, cluster_ps=PS_REFUSED),
     StrategySpec("parameter_server", processes="tf_config",
-                 in_graph_replicas=True),
+                 in_graph_replicas=True, cluster_ps=PS_NEEDED, chief_may_be_master=False),
     # Horovod's all-reduce compresses to float16 only (hvd.Compression.fp16).
     StrategySpec("horovod", processes="horovod", wraps_model_fn=HOROVOD_OPTIMIZER,
                  compressions=("fp16",), pins_own_gpu=True, loss_scaled=False),

@@ -253,36 +253,37 @@ def check_strategy(spec: ClusterSpec, strategy: str, flags: bool = False):
     flags: the cluster comes from `cluster`/`tfjob` --workers and --ps, so the fixes
     name those flags rather than TF_CONFIG.
     """
-    if strategy == "horovod":
-        raise UserError("--strategy horovod does not use TF_CONFIG, but it is set; unset it and "
-                        "start the ranks with 'estimator-dist cluster --launcher horovod' (or "
-                        "horovodrun --gloo)")
+    wants = specs.spec(strategy)
+    if wants.uses_horovod:
+        raise UserError(f"--strategy {strategy} does not use TF_CONFIG, but it is set; unset it "
+                        f"and start the ranks with 'estimator-dist cluster --launcher horovod' "
+                        f"(or horovodrun --gloo)")
     has = "--ps is 0" if flags else "TF_CONFIG's cluster has none"
     add_ps = "add --ps 1 (or more)" if flags else "add \"ps\": [\"host:port\"]"
     shape = (f"--workers {spec.num_workers} and --ps {spec.num_ps} make a cluster" if flags
              else f"TF_CONFIG describes a cluster of {spec.num_workers} worker(s) and "
                   f"{spec.num_ps} ps")
-    if strategy == "parameter_server" and spec.chief_name == "master":
-        raise UserError("--strategy parameter_server: TF_CONFIG names the chief 'master' beside "
+    if not wants.chief_may_be_master and spec.chief_name == "master":
+        raise UserError(f"--strategy {strategy}: TF_CONFIG names the chief 'master' beside "
                         "ps tasks (SageMaker's parameter-server layout: its ps servers, started "
                         "from that cluster, know the chief by that name), and TensorFlow's "
                         "ParameterServerStrategy takes only 'chief'; use --strategy none "
                         "(Estimator's own asynchronous training on these ps tasks)")
-    if strategy == "parameter_server" and not spec.num_ps:
-        raise UserError(f"--strategy parameter_server needs ps tasks, but {has}; {add_ps} or use "
+    if wants.cluster_ps == specs.PS_NEEDED and not spec.num_ps:
+        raise UserError(f"--strategy {strategy} needs ps tasks, but {has}; {add_ps} or use "
                         f"--strategy multi_worker_mirrored")
-    if strategy == "multi_worker_mirrored" and spec.num_ps:
-        raise UserError(f"--strategy multi_worker_mirrored takes no ps tasks, but "
+    if wants.cluster_ps == specs.PS_REFUSED and spec.num_ps:
+        raise UserError(f"--strategy {strategy} takes no ps tasks, but "
                         f"{f'--ps is {spec.num_ps}' if flags else f'TF_CONFIG has {spec.num_ps}'}; "
                         f"use --strategy parameter_server or drop {'--ps' if flags else 'them'}")
-    if strategy not in CLUSTER_STRATEGIES + ("none",) and spec.is_distributed:
+    if wants.cluster_ps == specs.ONE_MACHINE and spec.is_distributed:
         raise UserError(f"--strategy {strategy} runs on one machine, but {shape}; use "
                         f"{', '.join(CLUSTER_STRATEGIES)} (or none with ps tasks for async "
                         f"between-graph training)")
-    if strategy == "none" and spec.num_workers > 1 and not spec.num_ps:
-        raise UserError(f"--strategy none in a cluster of {spec.num_workers} workers and no ps would train "
-                        f"them independently; use --strategy multi_worker_mirrored, "
-                        f"parameter_server, or {add_ps} for async training")
+    if wants.cluster_ps == specs.PS_FOR_WORKERS and spec.num_workers > 1 and not spec.num_ps:
+        raise UserError(f"--strategy {strategy} in a cluster of {spec.num_workers} workers and no "
+                        f"ps would train them independently; use --strategy "
+                        f"multi_worker_mirrored, parameter_server, or {add_ps} for async training")
 
 
 def from_env(strategy: str, environ=os.environ, ps: int = 0,

@@ -68,12 +68,15 @@ def make_should_stop(eval_dir: str, metric: str, higher: bool, patience: int,
 
 
 def make_hook(estimator, metric: str, higher: bool, patience: int, min_delta: float,
-              every_steps: int, say=print):
-    """The early-stopping hook for this task."""
+              every_steps: int, say=print, stops_together: bool = False):
+    """The early-stopping hook for this task.
+
+    stops_together: the workers take every step together (StrategySpec.stops_together); the
+    decision is all-reduced so that all stop at one step.
+    """
     should_stop = make_should_stop(estimator.eval_dir(), metric, higher, patience, min_delta, say)
     every_steps = max(1, every_steps)
-    strategy = estimator.config.train_distribute
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    if stops_together and estimator.config.train_distribute is not None:
         hook = internals.multi_worker_early_stopping_hook(should_stop, every_steps)
     elif estimator.config.is_chief:
         hook = internals.stop_on_predicate_hook(should_stop, every_steps)

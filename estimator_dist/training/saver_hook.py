@@ -47,11 +47,14 @@ def write_graph_text(checkpoint_dir: str, graph_def):
     internals.atomic_write(os.path.join(checkpoint_dir, GRAPH_FILE), str(graph_def))
 
 
-def with_saver_hook(model_fn, run_config: tf.estimator.RunConfig):
-    """`model_fn` whose TRAIN spec carries the checkpoint hook, when one applies."""
+def with_saver_hook(model_fn, run_config: tf.estimator.RunConfig, strategy_saves: bool = False):
+    """`model_fn` whose TRAIN spec carries the checkpoint hook, when one applies.
+
+    strategy_saves: the run's strategy saves itself (StrategySpec.saves_itself), on every
+    worker; no hook of ours then.
+    """
     steps, secs = run_config.save_checkpoints_steps, run_config.save_checkpoints_secs
-    if not (steps or secs) or \
-            isinstance(run_config.train_distribute, tf.distribute.MultiWorkerMirroredStrategy):
+    if not (steps or secs) or strategy_saves:
         return model_fn
 
     def call(mode, build):

@@ -16,7 +16,7 @@ EXIT_STORAGE = 5
 EXIT_INTERRUPTED = 130
 EXIT_PREEMPTED = 143  # 128 + SIGTERM
 EXIT_PEER_LOST = 144  # a multi_worker_mirrored peer is gone: retryable (peers.py)
-# SIGTERM to `train` outside its training guard (preemption.outside_the_run, cli.main).
+# SIGTERM to `train` outside its training guard (stop_messages.outside_the_run, signals).
 OUTSIDE_THE_RUN = ("SIGTERM outside a training step (starting, connecting to its peers or "
                    "reporting): stopped at once, nothing to save; exit code 143 (retryable); "
                    "rerun the same command to resume")

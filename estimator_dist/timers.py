@@ -2,7 +2,7 @@
 
 Some behaviours are only seen after a wait sized for real clusters: a multi_worker_mirrored
 step stalled by a lost peer ends after a minute (guards/peers.py), a preempted cluster
-chief exits at the latest 20 s after SIGTERM (guards/preemption.py), the launcher kills a
+chief exits at the latest 20 s after SIGTERM (guards/signals.py), the launcher kills a
 task 25 s after its SIGTERM (launch/supervisor.py). A test that waits them out spends
 minutes on one fact. So each such timer reads its number through `seconds(name, default)`,
 and the environment variable ESTIMATOR_DIST_TEST_TIMERS, set by the test suite only,
@@ -25,7 +25,7 @@ ENV = "ESTIMATOR_DIST_TEST_TIMERS"
 # name -> where its default lives (the constant, in seconds)
 TIMERS = {
     "peer_stall_min_s": "guards/peers.py PEER_STALL_MIN_S",
-    "peer_deadline_s": "guards/preemption.py PEER_DEADLINE_S",
+    "peer_deadline_s": "guards/signals.py PEER_DEADLINE_S",
     "stop_grace_s": "launch/supervisor.py STOP_GRACE_SECONDS",
     "step_end_grace_s": "guards/step_end.py STEP_END_GRACE_S",
     "session_deadline_s": "guards/peers.py SESSION_DEADLINE_S",

@@ -110,19 +110,28 @@ def test_cycle_finder_finds_one():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_launch_imports_no_tensorflow():
-    """Directly, or through any package module it imports."""
+def tensorflow_importers(prefix: str):
+    """The modules that import TensorFlow among those under `prefix` and every package
+    module they import, directly or through others."""
     g = graph()
-    launch = [m for m in g if m.startswith("estimator_dist.launch")]
-    seen, todo = set(), list(launch)
+    seen, todo = set(), [m for m in g if m.startswith(prefix)]
     while todo:
         m = todo.pop()
         if m not in seen:
             seen.add(m)
             todo.extend(g[m][0])
-    offenders = sorted(m for m in seen
-                       if any(o.split(".")[0] == "tensorflow" for o in g[m][1]))
-    assert offenders == []
+    return sorted(m for m in seen if any(o.split(".")[0] == "tensorflow" for o in g[m][1]))
+
+
+def test_launch_imports_no_tensorflow():
+    """Directly, or through any package module it imports."""
+    assert tensorflow_importers("estimator_dist.launch") == []
+
+
+def test_signal_handling_imports_no_tensorflow():
+    """cli/main.py installs guards/signals.py's default SIGTERM reaction before TensorFlow
+    is imported (and before it sets TF_ENABLE_ONEDNN_OPTS, read at TensorFlow's import)."""
+    assert tensorflow_importers("estimator_dist.guards.signals") == []
 
 
 def test_nothing_imports_the_cli():

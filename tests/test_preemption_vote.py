@@ -1,6 +1,6 @@
 """The vote's arithmetic; the votes themselves run in test_cluster.py (real processes)."""
 from estimator_dist.launch import supervisor as launcher
-from estimator_dist.guards import preemption
+from estimator_dist.guards import signals
 from estimator_dist.guards import preemption_vote
 from estimator_dist.guards.preemption_vote import MAX_VOTE_STEPS, VOTE_EVERY_S, steps_to_next_vote
 
@@ -15,5 +15,5 @@ def test_votes_come_about_every_vote_every_s_at_the_mean_step_time():
 
 
 def test_the_launcher_waits_longer_than_a_task_takes_to_save_and_exit_on_sigterm():
-    assert launcher.STOP_GRACE_SECONDS > preemption.PEER_DEADLINE_S
-    assert preemption.PEER_DEADLINE_S > preemption_vote.VOTE_EVERY_S
+    assert launcher.STOP_GRACE_SECONDS > signals.PEER_DEADLINE_S
+    assert signals.PEER_DEADLINE_S > preemption_vote.VOTE_EVERY_S

@@ -330,7 +330,7 @@ def test_a_hook_that_holds_a_worker_after_its_step_is_not_a_lost_peer(tmp_path, 
     from estimator_dist.distribute.roles import Role
 
     exits = []
-    monkeypatch.setattr(peers.preemption, "exit_now", exits.append)
+    monkeypatch.setattr(peers.signals, "exit_now", exits.append)
     cluster = tf_config.parse(json.dumps({"cluster": {"chief": ["h:1"], "worker": ["h:2"]},
                                           "task": {"type": "chief", "index": 0}}))
     guard = training_guard.TrainingGuard(str(tmp_path), role=Role.of("multi_worker_mirrored",

@@ -220,7 +220,8 @@ def run_project(spec, clock: Clock):
     """
     from estimator_dist import errors
     from estimator_dist import quiet
-    from estimator_dist.guards import preemption
+    from estimator_dist.guards import signals
+    from estimator_dist.guards import stop_messages
     from estimator_dist.guards import storage
     from estimator_dist.guards import checkpoints
     from estimator_dist.training import flags
@@ -237,7 +238,7 @@ def run_project(spec, clock: Clock):
         argv += ["--data_dir", spec["data_dir"]]
     storage.forbid_world_writable()
     try:
-        with preemption.exit_on_sigterm(preemption.outside_the_run):
+        with signals.exit_on_sigterm(stop_messages.outside_the_run):
             args = flags.parse_train_args(argv)
             quiet.configure(args.verbose)
             config = flags.config_from_args(args)

@@ -9,7 +9,8 @@ from estimator_dist.training import config as config_lib
 from estimator_dist.serving import export as export_lib
 from estimator_dist import files
 from estimator_dist import paths
-from estimator_dist.guards import preemption
+from estimator_dist.guards import signals
+from estimator_dist.guards import stop_messages
 from estimator_dist.training import user_code
 from estimator_dist.training import plan as plan_lib
 from estimator_dist.training import run as runner
@@ -40,7 +41,7 @@ def saved_config(model_dir: str, **flags):
 def train(args):
     # Until the run's guard takes over (and after it), SIGTERM exits 143 at once with one
     # line, in every role: it was a raw -15, or ignored while peers were connecting.
-    with preemption.exit_on_sigterm(preemption.outside_the_run):
+    with signals.exit_on_sigterm(stop_messages.outside_the_run):
         config = config_from_args(args)
         spec = check_slurm_step(config)
         checkpoints.check_same_model(plan_lib.default_model_dir(config), config.model)
@@ -399,5 +400,5 @@ def run(name: str, args):
         user_code.import_user_modules(getattr(args, "imports", ()))
     if name not in STOPPED_BY_SIGTERM:
         return COMMANDS[name](args)
-    with preemption.stop_on_sigterm(lambda: preemption.command_stopped(name)):
+    with signals.raise_on_sigterm(lambda: stop_messages.command_stopped(name)):
         return COMMANDS[name](args)

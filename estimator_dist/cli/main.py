@@ -1,32 +1,20 @@
 """`estimator-dist` command line: parse arguments, call one function, map errors to exit codes."""
 import os
-import signal
 import sys
 
 from estimator_dist import errors
 from estimator_dist import files
 from estimator_dist import timers
+from estimator_dist.guards import signals  # no TensorFlow: set before it is imported
 from estimator_dist.cli.parser import (  # noqa: F401 - the parser's names, for callers of main
     PASS_THROUGH, TRAIN_FLAGS, Parser, build_parser, subcommand)
-
-
-def exit_on_early_sigterm():
-    """`train` until its own SIGTERM handling starts (importing TensorFlow alone takes
-    seconds): one line and exit 143, as later; it died by the raw signal (-15)."""
-    def handler(signum, frame):
-        os.write(2, f"estimator-dist: preempted: {errors.OUTSIDE_THE_RUN}\n".encode())
-        os._exit(errors.EXIT_PREEMPTED)  # noqa: SLF001 - nothing written yet
-
-    # SIGUSR1/SIGUSR2 too: Slurm's pre-timeout warning stops a run as SIGTERM does.
-    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(signum, handler)
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "train" and argv is None:  # a process of its own, not a test's call
-        exit_on_early_sigterm()
+        signals.exit_on_sigterm_by_default()
     if args.command in PASS_THROUGH:
         args.train_args = rest
         args.verbose = "--verbose" in rest

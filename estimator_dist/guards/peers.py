@@ -23,7 +23,8 @@ from typing import Optional
 import tensorflow as tf
 
 from estimator_dist import timers
-from estimator_dist.guards import preemption
+from estimator_dist.guards import signals
+from estimator_dist.guards import stop_messages
 from estimator_dist.errors import EXIT_PEER_LOST, ReportedError, op_error_line
 
 PEER_STALL_MIN_S = 60.0  # timers.py: peer_stall_min_s
@@ -59,7 +60,7 @@ class PeerLost(ReportedError):
 
 
 def _resume(latest) -> str:
-    return (f"{preemption.where_to_resume(latest)}; exit code {EXIT_PEER_LOST} (retryable): "
+    return (f"{stop_messages.where_to_resume(latest)}; exit code {EXIT_PEER_LOST} (retryable): "
             f"rerun every task (the TFJob operator and 'cluster' restart it) to resume from it")
 
 
@@ -95,7 +96,7 @@ def session_deadline(created, model_dir: str) -> threading.Timer:
 
     def check():
         if not created():
-            preemption.exit_now(session_not_ready(seconds, tf.train.latest_checkpoint(model_dir)))
+            signals.exit_now(session_not_ready(seconds, tf.train.latest_checkpoint(model_dir)))
 
     timer = threading.Timer(seconds, check)
     timer.daemon = True
@@ -158,5 +159,5 @@ class StallHook(tf.compat.v1.train.SessionRunHook):
             started = self._started
             if started is not None and time.monotonic() - started > self.limit():
                 latest = tf.train.latest_checkpoint(self._model_dir)
-                preemption.exit_now(stalled(time.monotonic() - started, self._steps, latest,
-                                            self._lost))
+                signals.exit_now(stalled(time.monotonic() - started, self._steps, latest,
+                                         self._lost))

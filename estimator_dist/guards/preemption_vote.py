@@ -18,7 +18,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_dist.guards import preemption
+from estimator_dist.guards import stop_messages
 from estimator_dist.errors import Preempted
 
 VOTE_EVERY_S = 2.0
@@ -108,11 +108,11 @@ def preempted(vote: VoteHook, names_checkpoint: bool, model_dir: str) -> Preempt
     if names_checkpoint:
         latest = tf.train.latest_checkpoint(model_dir)
         saved = (f"saved {latest}" if latest and latest.endswith(f"-{step}")
-                 else f"no final checkpoint; {preemption.where_to_resume(latest)}")
+                 else f"no final checkpoint; {stop_messages.where_to_resume(latest)}")
     else:
         saved = f"the chief saved model.ckpt-{step} in {model_dir}"
     error = Preempted(f"{who} at step {step}: every worker stopped there "
                       f"({vote.signalled_workers} got SIGTERM); {saved}; "
-                      f"{preemption.retry('to resume from it')}")
+                      f"{stop_messages.retry('to resume from it')}")
     error.step = step
     return error

@@ -5,7 +5,7 @@
   is written (variables that cannot fit in this machine's memory are refused
   while the TRAIN graph is built: runner.memory_checked, memory.py);
 - during: `TrainingGuard` adds GuardHook to the TrainSpec, turns SIGTERM into a
-  final checkpoint (preemption.py), or, during an evaluation between training
+  final checkpoint (signals.py), or, during an evaluation between training
   steps, into the end of that evaluation (EvaluationStopHook, on the EvalSpec),
   makes a failed checkpoint save an error (storage.py), never creates
   world-writable files;
@@ -26,8 +26,9 @@ from estimator_dist.guards import checkpoints
 from estimator_dist.guards import memory
 from estimator_dist.graph import numerics
 from estimator_dist.guards import peers
-from estimator_dist.guards import preemption
 from estimator_dist.guards import preemption_vote
+from estimator_dist.guards import signals
+from estimator_dist.guards import stop_messages
 from estimator_dist import quiet
 from estimator_dist import timers
 from estimator_dist.guards import storage
@@ -38,6 +39,18 @@ from estimator_dist.distribute.roles import PS, WORKER, Role
 
 # A Slurm step's ps on SIGTERM outlives the chief's deadline (PEER_DEADLINE_S) by this much.
 PS_MARGIN_S = 10.0
+CHECKPOINT_BASENAME = "model.ckpt"  # Estimator's CheckpointSaverHook name
+
+
+def save_final_checkpoint(session, saver, model_dir: str, step: int) -> str:
+    """Save model_dir/model.ckpt-<step> with Estimator's saver (unless it just did)."""
+    done = [p for p in saver.last_checkpoints if p.endswith(f"-{step}")]
+    if done:
+        return done[-1]
+    path = saver.save(session, os.path.join(model_dir, CHECKPOINT_BASENAME), global_step=step)
+    with contextlib.suppress(Exception):  # best effort: keep TensorBoard's last points
+        tf.compat.v1.summary.FileWriterCache.get(model_dir).flush()
+    return path
 
 
 class GuardHook(tf.compat.v1.train.SessionRunHook):
@@ -95,10 +108,11 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
         self.active = False
         step = int(session.run(self._global_step))
         if self._saver is None:  # a model_fn with a Scaffold saver of its own: cannot save
-            return preemption.preempted(step, None, tf.train.latest_checkpoint(self._model_dir),
-                                        self.stop_signal)
-        path = preemption.save_final_checkpoint(session, self._saver, self._model_dir, step)
-        return preemption.preempted(step, path, signum=self.stop_signal)
+            return stop_messages.preempted(step, None,
+                                           tf.train.latest_checkpoint(self._model_dir),
+                                           self.stop_signal)
+        path = save_final_checkpoint(session, self._saver, self._model_dir, step)
+        return stop_messages.preempted(step, path, signum=self.stop_signal)
 
 
 class EvaluationStopHook(tf.compat.v1.train.SessionRunHook):
@@ -120,7 +134,7 @@ class EvaluationStopHook(tf.compat.v1.train.SessionRunHook):
     def before_run(self, run_context):
         if self._guard.stop_requested and self._guard.active:
             self._guard.active = False
-            raise preemption.preempted_during_evaluation(
+            raise stop_messages.preempted_during_evaluation(
                 tf.train.latest_checkpoint(self._model_dir), self._guard.stop_signal)
 
 
@@ -131,13 +145,13 @@ class TrainingGuard:
     role: this process's Role (roles.py), which says how it stops. A local run handles
     SIGTERM (a final checkpoint, exit 143), and so does a cluster's chief when it saves
     alone (parameter servers, Horovod), within a deadline, as its step waits for peers
-    that may be stopping too (preemption.py). Under multi_worker_mirrored every worker
+    that may be stopping too (signals.py). Under multi_worker_mirrored every worker
     takes part in a save (StrategySpec.every_worker_saves), so there every worker
     handles SIGTERM: the workers vote to stop at one
     step, save together and exit 143 (preemption_vote.py), within the same deadline.
     The evaluator, ps tasks and the workers of parameter-server training write no
     checkpoint: they exit 143 at once with one line (the evaluator removing an export it
-    was writing), from the signal's watcher thread (preemption.exit_now). After a failure
+    was writing), from the signal's watcher thread (signals.exit_now). After a failure
     a task removes only the temp files of what it writes: checkpoints (local, chief),
     exports (local, evaluator).
     """
@@ -183,30 +197,31 @@ class TrainingGuard:
             self.vote.signalled = True
         self._start_deadline()
         if not self.hook.active:  # no training step to finish: stop now
-            raise preemption.preempted_outside_training(tf.train.latest_checkpoint(self.model_dir),
-                                                        signum)
+            raise stop_messages.preempted_outside_training(
+                tf.train.latest_checkpoint(self.model_dir), signum)
 
     def _start_deadline(self):
         """A cluster task exits 143 PEER_DEADLINE_S after SIGTERM at the latest (once);
-        called by preemption.SignalWatch's thread the moment SIGTERM arrives, also while the
+        called by signals.SignalWatch's thread the moment SIGTERM arrives, also while the
         main thread is blocked. Before its session exists (building the graph, waiting for
         its peers to connect) a task has nothing to save: it exits at once."""
         if not self.role.trains_in_a_group:
             return
         if not self.hook.session_created:
-            preemption.exit_now(preemption.connecting_stopped(
+            signals.exit_now(stop_messages.connecting_stopped(
                 tf.train.latest_checkpoint(self.model_dir)), cleanup=self._remove_own_temp_files)
         with self._deadline_lock:
             if self._deadline is None:
-                self._deadline = preemption.exit_by_deadline(
-                    timers.seconds("peer_deadline_s", preemption.PEER_DEADLINE_S), lambda: tf.train.latest_checkpoint(self.model_dir))
+                self._deadline = signals.exit_by_deadline(
+                    timers.seconds("peer_deadline_s", signals.PEER_DEADLINE_S),
+                    lambda: tf.train.latest_checkpoint(self.model_dir))
 
     def _stopped(self):
         """What a task that exits at once on SIGTERM says."""
         latest = tf.train.latest_checkpoint(self.model_dir)
         if self.role.writes_exports:  # the evaluator
-            return preemption.evaluator_stopped(latest)
-        return preemption.task_stopped(self.role.what, latest)
+            return stop_messages.evaluator_stopped(latest)
+        return stop_messages.task_stopped(self.role.what, latest)
 
     def _remove_own_temp_files(self):
         storage.remove(storage.temp_entries(self._watched()) - self._before)
@@ -222,26 +237,26 @@ class TrainingGuard:
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(storage.not_world_writable())
         if self.handles_sigterm:
-            self._stack.enter_context(preemption.on_sigterm(self._on_sigterm,
-                                                            at_once=self._start_deadline,
-                                                            pass_signum=True))
+            self._stack.enter_context(signals.call_on_sigterm(self._on_sigterm,
+                                                              at_once=self._start_deadline,
+                                                              pass_signum=True))
         elif self.role.kind == PS and step_end.current():
             # An srun step's ps: Slurm signals every task at once; it serves until the chief
             # has saved its final checkpoint (step_end.py).
             watch = step_end.current()
-            limit = timers.seconds("peer_deadline_s", preemption.PEER_DEADLINE_S) + PS_MARGIN_S
-            self._stack.enter_context(preemption.on_sigterm(
+            limit = timers.seconds("peer_deadline_s", signals.PEER_DEADLINE_S) + PS_MARGIN_S
+            self._stack.enter_context(signals.call_on_sigterm(
                 lambda: None, at_once=lambda: watch.on_signal(
                     limit, lambda: tf.train.latest_checkpoint(self.model_dir))))
         else:
-            self._stack.enter_context(preemption.exit_on_sigterm(
+            self._stack.enter_context(signals.exit_on_sigterm(
                 self._stopped, cleanup=self._remove_own_temp_files))
         if self.ps_worker:
             self._session_deadline = peers.session_deadline(
                 lambda: self.hook.session_created, self.model_dir)
         # Ctrl-C in a local run stops as SIGTERM does, exit 130: it dropped every step since
         # the last checkpoint. A cluster's tasks are stopped by their launcher.
-        self._stack.enter_context(preemption.on_signal(
+        self._stack.enter_context(signals.call_on_signal(
             signal.SIGINT, lambda: self._on_sigterm(signal.SIGINT), enabled=self.role.stops_on_sigint))
         return self
 
@@ -262,7 +277,7 @@ class TrainingGuard:
             return False
         if self.hook.stop_requested and isinstance(exc, tf.errors.OpError):
             step = self.hook.step + 1 if self.hook.step is not None else None
-            raise preemption.preempted_by_peers(step, first_line(exc),
+            raise stop_messages.preempted_by_peers(step, first_line(exc),
                                                 tf.train.latest_checkpoint(self.model_dir)) from None
         if self.stall and peers.is_peer_error(exc):
             step = self.hook.step + 1 if self.hook.step is not None else None

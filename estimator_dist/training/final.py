@@ -7,7 +7,8 @@ from typing import Any, Dict, Optional
 import tensorflow as tf
 
 from estimator_dist.distribute import tf_config as cluster_lib
-from estimator_dist.guards import preemption
+from estimator_dist.guards import signals
+from estimator_dist.guards import stop_messages
 from estimator_dist.serving import export as export_lib
 from estimator_dist.guards import checkpoints as checkpoints_lib
 from estimator_dist.training.estimator import single_device_estimator
@@ -35,7 +36,7 @@ def evaluate_final_checkpoint(p: Plan, eval_spec) -> Dict[str, Any]:
         return {}
     with cluster_lib.local_only():
         estimator = single_device_estimator(p)
-    with preemption.stop_on_sigterm(lambda: preemption.final_evaluation_stopped(latest)):
+    with signals.raise_on_sigterm(lambda: stop_messages.final_evaluation_stopped(latest)):
         return estimator.evaluate(eval_spec.input_fn, steps=eval_spec.steps,
                                   checkpoint_path=latest)
 

@@ -27,7 +27,8 @@ from estimator_dist.guards import identical_batches
 from estimator_dist.guards import model_dir_lock
 from estimator_dist.graph import precision
 from estimator_dist.graph.distinct_variables import DistinctVariablesHook
-from estimator_dist.guards import preemption
+from estimator_dist.guards import signals
+from estimator_dist.guards import stop_messages
 from estimator_dist import files
 from estimator_dist import quiet
 from estimator_dist.guards import storage
@@ -187,13 +188,13 @@ def train(config: config_lib.Config, out=print, extra_hooks=()) -> Dict[str, Any
     created = p.writes_run_files and not os.path.exists(p.model_dir)
     if p.role.ends_with_the_chief:
         started = time.time()
-        preemption.when_run_finished(lambda: finished_by_chief(p, started))
+        stop_messages.when_run_finished(lambda: finished_by_chief(p, started))
     try:
         with model_dir_lock.held(p.model_dir) if p.writes_run_files else \
                 contextlib.nullcontext():
             return _train(p, out, extra_hooks)
     except (Preempted, Interrupted) as e:
-        done = preemption.finished_instead(e)
+        done = stop_messages.finished_instead(e)
         if done is not e:
             raise done from None
         note_stop(e.step)
@@ -354,8 +355,8 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say,
     if p.role.metrics_from_eval_dir:
         metrics = final_eval_metrics(p.model_dir)
     if p.role.exports_final_itself and config.train.export != "none":
-        with preemption.stop_on_sigterm(
-                lambda: preemption.export_stopped(tf.train.latest_checkpoint(p.model_dir))):
+        with signals.raise_on_sigterm(
+                lambda: stop_messages.export_stopped(tf.train.latest_checkpoint(p.model_dir))):
             exported = export_from_chief(p)
         out("no evaluator task: the chief exported the final checkpoint" if exported else
             "no evaluator task: the final checkpoint is exported already")

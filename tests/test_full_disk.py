@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from estimator_dist.errors import EXIT_STORAGE
+from support import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 300
 
 

@@ -5,8 +5,6 @@ predict took .csv and .npy only: a user with a model trained on `tfrecords` of a
 resized and cropped by hand, guessing the eval preprocessing (resize + 87.5% central crop)."""
 import io
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -19,16 +17,14 @@ from estimator_dist.records import image_folder, layout
 from estimator_dist.serving import image_input
 from input_fns import imagenet
 from input_fns import tfrecord
+from support import REPO, environment, run_cli
 from test_imagenet import write_image_folder
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = ["(none)", "china", "flower", "noise"]  # labels.txt of write_image_folder, 1-based
 
 
 def cli(cwd, *args):
-    return subprocess.run([sys.executable, "-m", "estimator_dist", *args], cwd=cwd,
-                          env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True,
-                          timeout=600)
+    return run_cli(*args, cwd=cwd, env=environment(REPO), timeout=600)
 
 
 @pytest.fixture(scope="module")

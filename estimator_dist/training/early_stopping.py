@@ -68,17 +68,19 @@ def make_should_stop(eval_dir: str, metric: str, higher: bool, patience: int,
 
 
 def make_hook(estimator, metric: str, higher: bool, patience: int, min_delta: float,
-              every_steps: int, say=print, stops_together: bool = False):
+              every_steps: int, say=print, stops_together: bool = False,
+              owns_the_run: bool = True):
     """The early-stopping hook for this task.
 
     stops_together: the workers take every step together (StrategySpec.stops_together); the
-    decision is all-reduced so that all stop at one step.
+    decision is all-reduced so that all stop at one step. Otherwise the run's owner (local,
+    chief: Role.writes_run_files) decides and the other workers read its stop signal.
     """
     should_stop = make_should_stop(estimator.eval_dir(), metric, higher, patience, min_delta, say)
     every_steps = max(1, every_steps)
     if stops_together and estimator.config.train_distribute is not None:
         hook = internals.multi_worker_early_stopping_hook(should_stop, every_steps)
-    elif estimator.config.is_chief:
+    elif owns_the_run:
         hook = internals.stop_on_predicate_hook(should_stop, every_steps)
     else:
         hook = internals.check_for_stopping_hook()

@@ -73,7 +73,8 @@ def training_hooks(p: Plan, estimator, progress: ProgressHook, say):
         hooks.append(early_stopping.make_hook(
             estimator, t.early_stop, config_lib.higher_is_better(t.early_stop, t.higher_is_better),
             t.patience, t.min_delta, every_steps=config_lib.checkpoint_every(p.config) or
-            log_every(t.train_steps), say=say, stops_together=p.strategy.stops_together))
+            log_every(t.train_steps), say=say, stops_together=p.strategy.stops_together,
+            owns_the_run=p.role.writes_run_files))
     return hooks
 
 

@@ -59,7 +59,7 @@ class UserError(ReportedError):
 
 
 class UntrainableTrainOp(UserError):
-    """A train_op that cannot train (hooks.TrainOpCheckHook), found after its first updates:
+    """A train_op that cannot train (graph/train_op_checks.py), found after its first updates:
     only step 0's initial weights were saved, so a model_dir the run created is removed."""
 
 

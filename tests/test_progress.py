@@ -4,7 +4,7 @@ import glob
 import tensorflow as tf
 
 from estimator_dist.compat import internals
-from estimator_dist.training.hooks import ProgressHook
+from estimator_dist.training.progress import ProgressHook
 
 
 class FetchCounter(tf.compat.v1.train.SessionRunHook):

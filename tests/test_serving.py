@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, run_cli, run_on_a_terminal
-from estimator_dist.training import hooks
+from estimator_dist.training import progress
 from estimator_dist.serving import report
 
 BIN = os.path.dirname(sys.executable)
@@ -237,9 +237,9 @@ def test_progress_bar_on_an_80_column_terminal_redraws_one_line(tmp_path):
 def test_progress_bar_fits_an_80_column_terminal():
     for step, total in ((1, 1500), (750, 1500), (1500, 1500), (99999, 100000)):
         text = (f" {step}/{total}  loss 123.4567  1,234,567 examples/sec  ETA 12:34:56 ")
-        line = hooks.fit_bar(text, step / total, 80)
+        line = progress.fit_bar(text, step / total, 80)
         assert len(line) < 80 and line.startswith("[") and line.endswith(text)
-    assert len(hooks.fit_bar(" " + "x" * 100, 0.5, 80)) < 80
+    assert len(progress.fit_bar(" " + "x" * 100, 0.5, 80)) < 80
 
 
 def test_report_plots_a_positive_loss_on_a_log_scale():

@@ -8,15 +8,15 @@ import tensorflow as tf
 from estimator_dist.training import config as config_lib
 from estimator_dist.distribute import devices as devices_lib
 from estimator_dist.serving import canned
-from estimator_dist.serving import export as export_lib
+from estimator_dist.serving.serving_features import check_training_features
 from estimator_dist.distribute import horovod as hvd_lib
 from estimator_dist.training import horovod_train
 from estimator_dist.guards import identical_batches
 from estimator_dist.guards import memory
-from estimator_dist.training import hooks
 from estimator_dist.graph import model_fn_wrap
 from estimator_dist.graph import numerics
 from estimator_dist.graph import precision
+from estimator_dist.graph import reported_loss
 from estimator_dist import quiet
 from estimator_dist.graph import replica_collections
 from estimator_dist.training import saver_hook
@@ -103,7 +103,7 @@ def compares_first_batches(p: Plan) -> bool:
 
 def serving_checked(model_fn, serving_features, input_name: str, plain: bool = False):
     """A TRAIN graph's features must be what the input's serving_features promise
-    (export.check_training_features): refused before the first step, not in predict.
+    (serving/serving_features.py): refused before the first step, not in predict.
     With plain features (one tensor) the serving receiver's one-entry dict is handed to
     the model_fn as the tensor it takes in training.
 
@@ -112,7 +112,7 @@ def serving_checked(model_fn, serving_features, input_name: str, plain: bool = F
     """
     def checked_model_fn(features, labels, mode, params, config=None):
         if mode == model_fn_wrap.TRAIN and serving_features is not None:
-            export_lib.check_training_features(features, serving_features, input_name, plain)
+            check_training_features(features, serving_features, input_name, plain)
         if plain and isinstance(features, dict) and len(features) == 1:
             features = next(iter(features.values()))
         return model_fn(features, labels, mode, params, config)
@@ -164,7 +164,7 @@ def reported_build_errors(model_fn, name: str, input_name: str):
                             f"{mode or ''} call; a model_fn must return a "
                             f"tf.estimator.EstimatorSpec (e.g. estimator_dist.classification_spec)")
         if mode == tf.estimator.ModeKeys.TRAIN:
-            hooks.record_spec_loss(spec.loss)  # the progress line and weights check read it
+            reported_loss.record_spec_loss(spec.loss)  # the progress line and weights check read it
         return spec
 
     return model_fn_wrap.around_arguments(model_fn, call)

@@ -7,6 +7,7 @@ import re
 import tensorflow as tf
 
 from estimator_dist.guards import checkpoints as checkpoints_lib
+from estimator_dist.serving import checkpoint_choice
 from estimator_dist.serving import export as export_lib
 from estimator_dist.errors import UserError, first_line
 from estimator_dist.training.estimator import build_model_fn, make_input_fn
@@ -134,5 +135,5 @@ def own_server_checked(p: Plan):
 
 def restorable_checkpoint(p: Plan, checkpoint: str) -> str:
     """For evaluate/export: the named or latest checkpoint, read back whole, fitting the model."""
-    variables = export_lib.predict_variables(build_model_fn(p), p.serving_input, p.params())
-    return export_lib.resolve_checkpoint(p.model_dir, checkpoint, variables)
+    variables = checkpoint_choice.predict_variables(build_model_fn(p), p.serving_input, p.params())
+    return checkpoint_choice.resolve_checkpoint(p.model_dir, checkpoint, variables)

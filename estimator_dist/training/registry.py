@@ -130,9 +130,9 @@ def check_serving_input(kind: str, name, serving_input):
     function returning a tf.estimator.export.ServingInputReceiver."""
     if serving_input is None or callable(serving_input):
         return
-    from estimator_dist.serving import export  # TensorFlow: imported only when used
+    from estimator_dist.serving import serving_features  # TensorFlow: imported only when used
 
-    export.check_serving_features(serving_input, f"{kind} '{name}': serving_input")
+    serving_features.check_serving_features(serving_input, f"{kind} '{name}': serving_input")
 
 
 def register_model(name=None, hparams=None, default_input=None, run_defaults=None,

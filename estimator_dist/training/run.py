@@ -20,6 +20,7 @@ from estimator_dist.training.final import (evaluate_final_checkpoint, export_aft
                                           export_from_chief, export_when_already_trained,
                                           stopped_early)
 from estimator_dist.serving import export as export_lib
+from estimator_dist.serving.serving_features import describe_serving_features
 from estimator_dist.guards import training_guard as guards
 from estimator_dist.distribute import horovod as hvd_lib
 from estimator_dist.training import horovod_train
@@ -36,7 +37,10 @@ from estimator_dist.distribute import strategies
 from estimator_dist.errors import (Interrupted, OutOfMemory, Preempted, RunFinished, StorageError,
                                    TrainingFailed, UntrainableTrainOp, UserError, op_error_line)
 from estimator_dist.distribute import roles
-from estimator_dist.training.hooks import ProgressHook, TrainOpCheckHook, note_stop, step_file_hooks
+from estimator_dist.graph.train_op_checks import TrainOpCheckHook
+from estimator_dist.launch.step_file import note_stop
+from estimator_dist.training.progress import ProgressHook
+from estimator_dist.training.step_file_hook import step_file_hooks
 from estimator_dist.training.estimator import build_estimator, build_model_fn, build_run_config, compares_first_batches, make_input_fn, single_device_estimator
 from estimator_dist.training.plan import SERVING_NAMED, Plan, describe, log_every, plain_features_note, plan
 from estimator_dist.training.preflight import check_eval_input_ends, check_eval_metric_names, check_predict_graph, own_server_checked, restorable_checkpoint, warm_start_settings
@@ -267,12 +271,12 @@ def say_serving_input(p: Plan, say):
     """The serving input when the run chose it: one tensor, or read off the training data."""
     if p.input_meta.get(SERVING_NAMED):
         say(f"serving input named by {p.input_meta[SERVING_NAMED]}: "
-            f"{export_lib.describe_serving_features(p.input_meta['serving_features'])}")
+            f"{describe_serving_features(p.input_meta['serving_features'])}")
     elif p.input_meta.get("plain_features"):
         say(plain_features_note(p))
     elif p.input_meta.get(SERVING_INFERRED):
         say(f"serving input read off input '{p.input.name}''s training data: "
-            f"{export_lib.describe_serving_features(p.input_meta['serving_features'])} "
+            f"{describe_serving_features(p.input_meta['serving_features'])} "
             f"(return serving_features from a prepare() to choose it)")
 
 

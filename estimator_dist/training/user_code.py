@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 import tensorflow as tf
 
-from estimator_dist.serving import export as export_lib
+from estimator_dist.serving import serving_features
 from estimator_dist.training import hints
 from estimator_dist.graph import model_fn_wrap
 from estimator_dist import quiet
@@ -112,7 +112,7 @@ def run_prepare(entry: Entry, params) -> Dict[str, Any]:
     except (TypeError, ValueError) as e:
         raise UserError(f"{where} returned data that is not plain JSON ({e}); return lists, "
                         f"numbers and strings") from None
-    export_lib.check_serving_features(meta["serving_features"], where)
+    serving_features.check_serving_features(meta["serving_features"], where)
     return meta
 
 
@@ -122,11 +122,12 @@ SERVING_INFERRED = "serving_features_inferred"
 
 def inferred_input_meta(entry: Entry, params) -> Dict[str, Any]:
     """An input without serving_features from a prepare(): they are what its TRAIN dataset
-    yields, read from a scratch graph (export.inferred_serving_features)."""
+    yields, read from a scratch graph (serving_features.inferred_serving_features)."""
     fn = checked_input(entry.fn, entry.name, eval_steps=1)
     with tf.Graph().as_default():
         data = fn(tf.estimator.ModeKeys.TRAIN, params)
-        return {**export_lib.inferred_serving_features(data, entry.name), SERVING_INFERRED: True}
+        inferred = serving_features.inferred_serving_features(data, entry.name)
+        return {**inferred, SERVING_INFERRED: True}
 
 
 def checked_input(fn, name: str, eval_steps: int):

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from estimator_dist import timers
+from estimator_dist import checkpoint_files, timers
 from estimator_dist.launch.ports import free_ports, release_ports  # noqa: F401 - for tests
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -261,8 +261,7 @@ def kill_left(pids):
 
 def checkpoint_steps(model_dir):
     """The steps of the checkpoints in model_dir, ascending (their .index files)."""
-    return sorted(int(m) for m in re.findall(r"model\.ckpt-(\d+)\.index",
-                                              " ".join(os.listdir(model_dir))))
+    return checkpoint_files.index_steps(str(model_dir))
 
 
 def latest_step(model_dir):
@@ -270,7 +269,7 @@ def latest_step(model_dir):
     file names: what a resume reads); None without one."""
     import tensorflow as tf
 
-    latest = tf.train.latest_checkpoint(str(model_dir))
+    latest = checkpoint_files.latest_prefix(str(model_dir))
     return int(tf.train.load_checkpoint(latest).get_tensor("global_step")) if latest else None
 
 

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from estimator_dist.cli.main import main
+from estimator_dist import checkpoint_files
 from estimator_dist.errors import UserError
 from estimator_dist.launch import elastic, tfjob
 from support import REPO, Run, alive, latest_step, run_cli, wait_for
@@ -211,8 +212,8 @@ def test_the_size_is_the_largest_that_keeps_the_batch(tmp_path):
     assert elastic.size_for(1, [2, 4]) == 0
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-60"\n'
                                          'all_model_checkpoint_paths: "model.ckpt-30"\n')
-    assert elastic.checkpoint_step(str(tmp_path)) == 60
-    assert elastic.checkpoint_step(str(tmp_path / "none")) is None
+    assert checkpoint_files.named_step(str(tmp_path)) == 60
+    assert checkpoint_files.named_step(str(tmp_path / "none")) is None
 
 
 def test_a_change_counts_when_two_reads_agree(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ import pytest
 from estimator_dist.launch import supervisor as launcher
 import platform_configs as platforms
 from conftest import supervise
+from support import checkpoint_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ["--model", "digits", "--batch_size", "32", "--seed", "1"]
@@ -64,11 +65,6 @@ def tasks(tmp_path):
 
 def final_exports(model_dir):
     return sorted(glob.glob(os.path.join(model_dir, "export", "final", "*", "saved_model.pb")))
-
-
-def checkpoint_steps(model_dir):
-    return sorted(int(m) for m in re.findall(r"model\.ckpt-(\d+)\.index",
-                                              " ".join(os.listdir(model_dir))))
 
 
 def metrics_line(output):

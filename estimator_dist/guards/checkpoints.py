@@ -9,7 +9,6 @@ evaluate and export run them (against the PREDICT graph) before restoring.
 """
 import inspect
 import os
-import re
 import shutil
 import sys
 from typing import Callable, Dict, List, Mapping, Optional
@@ -18,13 +17,11 @@ import tensorflow as tf
 
 from estimator_dist import config_yaml as config_lib
 from estimator_dist import files
+from estimator_dist.checkpoint_files import (PREFIX, STATE_FILE, complete_checkpoints,
+                                             latest_prefix, named_prefix, temp_dirs)
+from estimator_dist.checkpoint_files import step_of  # noqa: F401 - serving/export.py reads it here
 from estimator_dist.errors import UserError, first_line
 
-STATE_FILE = "checkpoint"
-PREFIX = "model.ckpt"
-INDEX_RE = re.compile(r"^model\.ckpt-(\d+)\.index$")
-SHARD_RE = re.compile(r"\.data-(\d+)-of-(\d+)$")
-TEMP_RE = re.compile(r"^model\.ckpt-\d+_temp$")
 # Optimizer slots and bookkeeping left in a checkpoint by another optimizer, and
 # variables training hooks add (--early_stop's stop signal): the model graph does
 # not hold them and losing them loses nothing trained.
@@ -36,41 +33,10 @@ SHAPES_SHOWN = 3  # shape differences spelled out in one error line
 Variables = Callable[[], Mapping[str, List[int]]]
 
 
-def complete_checkpoints(model_dir: str) -> Dict[int, str]:
-    """step -> prefix of every model.ckpt-N whose index and every data shard exist."""
-    if not os.path.isdir(model_dir):
-        return {}
-    names = set(os.listdir(model_dir))
-    found = {}
-    for name in names:
-        m = INDEX_RE.match(name)
-        if not m:
-            continue
-        prefix = name[: -len(".index")]
-        shards = [SHARD_RE.search(n) for n in names if n.startswith(prefix + ".data-")]
-        counts = {int(s.group(2)) for s in shards if s}
-        if len(counts) == 1 and len([s for s in shards if s]) == counts.pop():
-            found[int(m.group(1))] = os.path.join(model_dir, prefix)
-    return found
-
-
-def step_of(prefix: str) -> int:
-    return int(prefix.rsplit("-", 1)[1])
-
-
 def _state_checkpoint(model_dir: str):
     """(what the state file names, or None when it is unusable; that checkpoint if it
     exists, else None)."""
-    try:
-        state = tf.train.get_checkpoint_state(model_dir)
-    except Exception:  # noqa: BLE001 - an empty file is a ValueError, others a ParseError
-        return None, None
-    if state is None or not state.model_checkpoint_path:
-        return None, None
-    # get_checkpoint_state already joins a relative path with model_dir; joining it again
-    # named runs/d/runs/d/model.ckpt-N under a relative --model_dir.
-    path = state.model_checkpoint_path
-    return path, path if tf.compat.v1.train.checkpoint_exists(path) else None
+    return named_prefix(model_dir), latest_prefix(model_dir)
 
 
 def _dangling(path: str) -> str:
@@ -117,12 +83,9 @@ def write_state(model_dir: str, latest: str, steps: List[int]):
 
 def remove_stale_temp(model_dir: str) -> List[str]:
     """Delete model.ckpt-N_temp dirs left by a save that was killed (kill -9, disk full)."""
-    removed = []
-    if os.path.isdir(model_dir):
-        for name in sorted(os.listdir(model_dir)):
-            if TEMP_RE.match(name) and os.path.isdir(os.path.join(model_dir, name)):
-                shutil.rmtree(os.path.join(model_dir, name), ignore_errors=True)
-                removed.append(name)
+    removed = temp_dirs(model_dir)
+    for name in removed:
+        shutil.rmtree(os.path.join(model_dir, name), ignore_errors=True)
     return removed
 
 

@@ -18,7 +18,7 @@ from typing import Dict, Iterable, Optional, Set
 import tensorflow as tf
 
 from estimator_dist.compat import internals
-from estimator_dist.guards import checkpoints
+from estimator_dist import checkpoint_files
 from estimator_dist import files
 from estimator_dist.errors import StorageError, UserError
 from estimator_dist.files import reason_in, storage_error
@@ -88,7 +88,7 @@ def _shards(prefix: str) -> Dict[str, int]:
     directory, name = os.path.split(prefix)
     found = {}
     for n in os.listdir(directory or "."):
-        if n.startswith(name + ".data-") and checkpoints.SHARD_RE.search(n):
+        if n.startswith(name + ".data-") and checkpoint_files.SHARD_NAME.search(n):
             with contextlib.suppress(OSError):
                 found[os.path.join(directory, n)] = os.stat(os.path.join(directory, n)).st_mtime_ns
     return found
@@ -101,20 +101,20 @@ def remove_stale_shards(prefix: str, before: Dict[str, int]):
     first step: `tower` over 2 devices wrote model.ckpt-10.data-0000{0,1}-of-00002,
     `none` writes .data-00000-of-00001 and an index naming it, and the two old
     shards stayed beside it (measured), so that the checkpoint looked incomplete
-    (checkpoints.complete_checkpoints) and a resume could fall back to an older one.
+    (checkpoint_files.complete_checkpoints) and a resume could fall back to an older one.
     """
     written = {path for path, mtime in _shards(prefix).items() if before.get(path) != mtime}
-    counts = {checkpoints.SHARD_RE.search(path).group(2) for path in written}
+    counts = {checkpoint_files.SHARD_NAME.search(path).group(2) for path in written}
     if len(counts) != 1:
         return
     count = counts.pop()
     remove(path for path in before
-           if path not in written and checkpoints.SHARD_RE.search(path).group(2) != count)
+           if path not in written and checkpoint_files.SHARD_NAME.search(path).group(2) != count)
 
 
 def _files_before_save(prefix: str):
     """(whether checkpoint `prefix` already existed, the state file's bytes or None)."""
-    state_path = os.path.join(os.path.dirname(prefix), checkpoints.STATE_FILE)
+    state_path = os.path.join(os.path.dirname(prefix), checkpoint_files.STATE_FILE)
     try:
         with open(state_path, "rb") as f:
             state = f.read()
@@ -134,7 +134,7 @@ def _undo_save(prefix: str, existed: bool, state: Optional[bytes]):
     directory, name = os.path.split(prefix)
     remove(os.path.join(directory, n) for n in os.listdir(directory or ".")
            if n.startswith(name + "."))
-    state_path = os.path.join(directory, checkpoints.STATE_FILE)
+    state_path = os.path.join(directory, checkpoint_files.STATE_FILE)
     with contextlib.suppress(OSError, StorageError):
         if state is None:
             os.remove(state_path)

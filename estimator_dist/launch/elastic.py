@@ -27,6 +27,7 @@ import tempfile
 import time
 from typing import Callable, List, Optional
 
+from estimator_dist import checkpoint_files
 from estimator_dist.errors import UserError
 from estimator_dist.launch import step_file
 from estimator_dist.launch.supervisor import (EXIT_CLUSTER_FAILED, Reform, Supervisor,
@@ -87,16 +88,6 @@ def _text(path: str, data: bytes, how: str) -> str:
 def size_for(slots: int, sizes: List[int]) -> int:
     """The largest size the slots hold (0: fewer slots than the smallest size)."""
     return max([s for s in sizes if s <= slots], default=0)
-
-
-def checkpoint_step(model_dir: str) -> Optional[int]:
-    """The step of model_dir's latest checkpoint, read off its `checkpoint` file."""
-    try:
-        with open(os.path.join(model_dir, "checkpoint")) as f:
-            m = re.search(r'^model_checkpoint_path: ".*-(\d+)"', f.read(), re.M)
-    except OSError:
-        return None
-    return int(m.group(1)) if m else None
 
 
 def plural(n: int, word: str) -> str:
@@ -200,7 +191,7 @@ class Elastic:
         """The cluster stopped for a re-form: what it lost."""
         self.dropped += e.dropped
         steps = step_file.read(steps_path)
-        saved = checkpoint_step(self.model_dir)
+        saved = checkpoint_files.named_step(self.model_dir)
         last = steps.get("last_step")
         return dict(old=size, reason=e.reason, at=e.at, stopped=time.time(), step=saved,
                     lost=None if last is None or saved is None else last - saved)

@@ -13,7 +13,7 @@ from estimator_dist.serving import export as export_lib
 from estimator_dist.guards import checkpoints as checkpoints_lib
 from estimator_dist.training.estimator import single_device_estimator
 from estimator_dist.training.plan import Plan
-from estimator_dist.training.summary import checkpoint_step
+from estimator_dist.checkpoint_files import latest_step
 
 
 def export_from_chief(p: Plan) -> Optional[str]:
@@ -53,7 +53,7 @@ def export_after_early_stop(p: Plan, estimator, hooks, say):
     evaluator exports on the chief's end marker (evaluator.py). Inside TrainingGuard:
     SIGTERM here removes the partial export.
     """
-    step = checkpoint_step(p.model_dir)
+    step = latest_step(p.model_dir)
     if p.config.train.export != "final" or not p.role.exports_after_early_stop or \
             not stopped_early(hooks) or \
             step is None or step >= p.config.train.train_steps:

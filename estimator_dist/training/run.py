@@ -31,6 +31,7 @@ from estimator_dist.graph.distinct_variables import DistinctVariablesHook
 from estimator_dist.guards import signals
 from estimator_dist.guards import stop_messages
 from estimator_dist import files
+from estimator_dist.checkpoint_files import complete_checkpoints, latest_step
 from estimator_dist import quiet
 from estimator_dist.guards import storage
 from estimator_dist.distribute import strategies
@@ -44,7 +45,7 @@ from estimator_dist.training.step_file_hook import step_file_hooks
 from estimator_dist.training.estimator import build_estimator, build_model_fn, build_run_config, compares_first_batches, make_input_fn, single_device_estimator
 from estimator_dist.training.plan import SERVING_NAMED, Plan, describe, log_every, plain_features_note, plan
 from estimator_dist.training.preflight import check_eval_input_ends, check_eval_metric_names, check_predict_graph, own_server_checked, restorable_checkpoint, warm_start_settings
-from estimator_dist.training.summary import checkpoint_step, final_eval_metrics, format_result, plain, save_run_files, silent, write_summary
+from estimator_dist.training.summary import final_eval_metrics, format_result, plain, save_run_files, silent, write_summary
 from estimator_dist.training.user_code import SERVING_INFERRED
 
 
@@ -113,21 +114,12 @@ def rotated_away(error: Exception) -> bool:
         isinstance(error, ValueError) and "not a valid checkpoint" in str(error))
 
 
-def resume_step(p: Plan, before_repair: bool = False) -> Optional[int]:
-    """The checkpoint step this run resumes from; under Horovod rank 0's, on every rank.
-    before_repair: check_resume has not looked at the checkpoints yet, so a damaged state file
-    (TensorFlow raises on an empty or garbage one) reads as None; it is read again after."""
-    def local() -> Optional[int]:
-        try:
-            return checkpoint_step(p.model_dir)
-        except (ValueError, tf.errors.OpError):
-            if before_repair:
-                return None
-            raise
-
+def resume_step(p: Plan) -> Optional[int]:
+    """The checkpoint step this run resumes from; under Horovod rank 0's, on every rank. A
+    damaged state file reads as None (check_resume repairs it; it is read again after)."""
     if not p.role.horovod:
-        return local()
-    return hvd_lib.agree_on(local() if p.role.writes_run_files else None)
+        return latest_step(p.model_dir)
+    return hvd_lib.agree_on(latest_step(p.model_dir) if p.role.writes_run_files else None)
 
 
 class scratch_dir:  # noqa: N801 - a context manager that reads like a function
@@ -205,7 +197,7 @@ def train(config: config_lib.Config, out=print, extra_hooks=()) -> Dict[str, Any
         note_stop(e.step)
         raise
     except (UserError, OutOfMemory, StorageError) as e:
-        steps = checkpoints_lib.complete_checkpoints(p.model_dir)
+        steps = complete_checkpoints(p.model_dir)
         untrained = not steps or (isinstance(e, UntrainableTrainOp) and set(steps) == {0})
         if created and os.path.isdir(p.model_dir) and untrained:
             shutil.rmtree(p.model_dir, ignore_errors=True)
@@ -233,7 +225,7 @@ def _train(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
         strategy = None if not p.role.builds_strategy else strategies.make(
             config.distribute.strategy, p.devices)
     # The input's own code runs only now, with the checkpoint's step in its params.
-    p = dataclasses.replace(p, start_step=resume_step(p, before_repair=True) or 0).prepared()
+    p = dataclasses.replace(p, start_step=resume_step(p) or 0).prepared()
     say(describe(p))  # once prepare() has run: what follows the header is the run itself
     note = precision.cpu_note(config.compute.mixed_precision)
     if note:
@@ -299,7 +291,7 @@ def shadow_dirs_removed(p: Plan):
 def check_trained(p: Plan, start_step: Optional[int]):
     """A run that took no step although --train_steps asked for more: its input gave no batch
     (Estimator ends training at the input's end without a word, and exited 0)."""
-    step, start = checkpoint_step(p.model_dir) or 0, start_step or 0
+    step, start = latest_step(p.model_dir) or 0, start_step or 0
     if step == start < p.config.train.train_steps:
         raise UserError(f"input '{p.input.name}' gave no training batch: the run ended at step "
                         f"{step} of --train_steps {p.config.train.train_steps}; its input_fn must "
@@ -309,7 +301,7 @@ def check_trained(p: Plan, start_step: Optional[int]):
 def input_end_note(p: Plan, hooks) -> Optional[str]:
     """Training that ended before --train_steps with no early stop: the input ran out
     (Estimator ends training at its input's end, and said nothing)."""
-    step, target = checkpoint_step(p.model_dir) or 0, p.config.train.train_steps
+    step, target = latest_step(p.model_dir) or 0, p.config.train.train_steps
     if step >= target or stopped_early(hooks):
         return None
     return (f"input '{p.input.name}' ran out at step {step} of --train_steps {target}, which "
@@ -348,7 +340,7 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say,
         if note:
             say(note)
     if p.role.marks_end_for_evaluator:
-        evaluator_lib.mark_end(p.model_dir, checkpoint_step(p.model_dir))
+        evaluator_lib.mark_end(p.model_dir, latest_step(p.model_dir))
     if result and result[0] is None and p.role.evaluates_when_already_trained:
         # Already at --train_steps: Estimator skipped training, and with it the
         # evaluation that follows a checkpoint; evaluate the final one here.
@@ -373,7 +365,7 @@ def run_and_summarize(p: Plan, estimator, start_step: Optional[int], out, say,
         "num_devices": p.devices.count,
         "global_batch_size": p.global_batch,
         "accumulate_steps": config.distribute.accumulate_steps,
-        "global_step": checkpoint_step(p.model_dir),
+        "global_step": latest_step(p.model_dir),
         "start_step": start_step or 0,
         "metrics": metrics,
         # The evaluator task's export, when it finished first, is its to name, not ours.

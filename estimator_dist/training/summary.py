@@ -2,18 +2,13 @@
 import glob
 import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import tensorflow as tf
 
 from estimator_dist.training import config as config_lib
 from estimator_dist import files
 from estimator_dist.training.plan import Plan
-
-
-def checkpoint_step(model_dir: str) -> Optional[int]:
-    latest = tf.train.latest_checkpoint(model_dir) if os.path.isdir(model_dir) else None
-    return int(latest.rsplit("-", 1)[1]) if latest else None
 
 
 def save_run_files(p: Plan, say=None):

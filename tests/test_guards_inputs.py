@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import guard_models  # noqa: F401 - registers guard_mlp
 from estimator_dist.cli import main as cli
+from estimator_dist.launch import layout
 from estimator_dist.launch import supervisor as launcher
 from estimator_dist.launch import cluster as cluster_launch
 from estimator_dist.guards import memory
@@ -266,15 +267,15 @@ def assert_loopback(tf_config):
 
 
 def test_local_launcher_uses_loopback_addresses_only(capsys):
-    names = launcher.task_names(3, 2, True)
-    for tf_config in launcher.make_tf_configs(names, launcher.free_ports(len(names))).values():
+    names = layout.task_names(3, 2, True)
+    for tf_config in layout.make_tf_configs(names, launcher.free_ports(len(names))).values():
         assert_loopback(tf_config)
     tasks = cluster_launch.build_tasks(["--strategy", "parameter_server"], 2, 1, True)
     assert len(tasks) == 4
     for task in tasks:
         assert_loopback(task.tf_config)
     # No way to ask for another host: no such parameter, and a --host flag is refused (exit 2).
-    for fn in (cluster_launch.launch, cluster_launch.build_tasks, launcher.make_tf_configs):
+    for fn in (cluster_launch.launch, cluster_launch.build_tasks, layout.make_tf_configs):
         assert not {"host", "hosts", "address", "bind"} & set(inspect.signature(fn).parameters)
     with pytest.raises(SystemExit) as exit_:
         cli.main(["cluster", "--workers", "2", "--host", "10.1.2.3", "--train_steps", "1"])

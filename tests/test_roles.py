@@ -10,6 +10,7 @@ from estimator_dist.distribute import tf_config
 from estimator_dist.distribute.horovod import Ranks
 from estimator_dist.distribute import roles
 from estimator_dist.distribute.roles import Role
+from estimator_dist.launch import layout
 
 
 def cluster(task, workers=2, ps=0, evaluator=False):
@@ -75,12 +76,13 @@ def test_who_builds_a_strategy_and_where_it_is():
 
 def test_launcher_task_kinds():
     """The launcher's questions: which tasks train (GPUs), listen, serve until stopped."""
-    kinds = {name: roles.task_kind(name) for name in ("chief:0", "worker:1", "ps:0", "evaluator:0")}
+    kinds = {name: roles.TASK_TRAITS[layout.kind_of(name)]
+             for name in ("chief:0", "worker:1", "ps:0", "evaluator:0")}
     assert [n for n, k in kinds.items() if k.trains] == ["chief:0", "worker:1"]
     assert [n for n, k in kinds.items() if not k.listens] == ["evaluator:0"]
     assert [n for n, k in kinds.items() if k.serves_forever] == ["ps:0"]
     assert [n for n, k in kinds.items() if k.ends_before_chief] == ["worker:1", "evaluator:0"]
-    assert roles.horovod_task_kind(0) == "chief" and roles.horovod_task_kind(3) == "worker"
+    assert roles.kind_of_rank(0) == "chief" and roles.kind_of_rank(3) == "worker"
 
 
 def test_every_strategy_has_a_spec_and_a_builder():

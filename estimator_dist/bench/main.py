@@ -136,6 +136,7 @@ def process_envs(case: Case):
         rendezvous = horovod_launch.Rendezvous(case.workers)
         iface = horovod_launch.loopback_interface()
         return [rendezvous.rank_env(r, iface) for r in range(case.workers)], rendezvous.stop
+    from estimator_dist.launch import layout
     from estimator_dist.launch import supervisor as launcher
 
     if not specs.spans_tf_config(case.strategy) and case.strategy != "ring":
@@ -147,8 +148,8 @@ def process_envs(case: Case):
 
     if case.strategy == "ring":
         return [{"BENCH_RING_PORTS": ",".join(map(str, ports))}] * case.workers, release
-    names = launcher.task_names(case.workers, 0, False)
-    configs = launcher.make_tf_configs(names, ports)
+    names = layout.task_names(case.workers, 0, False)
+    configs = layout.make_tf_configs(names, ports)
     return [{"TF_CONFIG": configs[name]} for name in names], release
 
 

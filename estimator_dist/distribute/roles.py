@@ -13,7 +13,9 @@ Horovod ranks. The kinds:
   ps         a parameter server (Estimator runs its server until the run ends)
   evaluator  a cluster's evaluator: evaluates each new checkpoint, exports
 
-Imports no TensorFlow: the launcher's task kinds come from here too (TASK_KINDS).
+A kind is one of these names: Role.kind, and the launcher's Task.kind (TF_CONFIG's task
+type; a Horovod rank's from kind_of_rank). Imports no TensorFlow: what the launcher needs to
+know about each kind comes from here too (TASK_TRAITS).
 """
 import re
 from dataclasses import dataclass
@@ -33,8 +35,8 @@ EVALUATE_LOOP = "evaluate_loop"  # the evaluator task (evaluator.py)
 
 
 @dataclass(frozen=True)
-class TaskKind:
-    """What the local launcher (and the GPU split) needs to know about a task's kind."""
+class TaskTraits:
+    """What the local launcher (and the GPU split) needs to know about a kind of task."""
 
     chief: bool = False  # its exit ends the run; its restart rebuilds the cluster
     trains: bool = False  # takes training steps (and gets the training GPUs)
@@ -44,26 +46,16 @@ class TaskKind:
     evaluates: bool = False  # the chief's end waits for its final evaluation and export
 
 
-TASK_KINDS = {
-    CHIEF: TaskKind(chief=True, trains=True),
-    WORKER: TaskKind(trains=True, ends_before_chief=True),
-    PS: TaskKind(serves_forever=True),
-    EVALUATOR: TaskKind(listens=False, ends_before_chief=True, evaluates=True),
+TASK_TRAITS = {
+    CHIEF: TaskTraits(chief=True, trains=True),
+    WORKER: TaskTraits(trains=True, ends_before_chief=True),
+    PS: TaskTraits(serves_forever=True),
+    EVALUATOR: TaskTraits(listens=False, ends_before_chief=True, evaluates=True),
 }
 
 
-def task_type(task_name: str) -> str:
-    """'worker' of a launcher task named 'worker:1'."""
-    return task_name.split(":")[0]
-
-
-def task_kind(task_name: str) -> TaskKind:
-    """The kind of a launcher task named 'type:index' (e.g. worker:1)."""
-    return TASK_KINDS[task_type(task_name)]
-
-
-def horovod_task_kind(rank: int) -> str:
-    """A Horovod rank as the launcher names it: rank 0 is the chief."""
+def kind_of_rank(rank: int) -> str:
+    """The kind of the launcher's task for Horovod rank `rank`: rank 0 is the chief."""
     return CHIEF if rank == 0 else WORKER
 
 

@@ -11,9 +11,9 @@ from typing import Dict, List, Optional
 from estimator_dist.distribute import specs
 from estimator_dist.errors import UserError
 from estimator_dist.launch import task_gpus
-from estimator_dist.launch.supervisor import (MAX_LOCAL_TASKS, Supervisor, Task, free_ports,
-                                              install_signal_handlers, make_tf_configs,
-                                              release_tasks_ports, task_names)
+from estimator_dist.launch.layout import MAX_LOCAL_TASKS, make_tf_configs, task_names
+from estimator_dist.launch.supervisor import (Supervisor, Task, free_ports,
+                                              install_signal_handlers, release_tasks_ports)
 
 # --launcher: TF_CONFIG tasks, or Horovod ranks (specs.HOROVOD)
 TF_CONFIG_LAUNCHER = "tf_config"
@@ -62,7 +62,7 @@ def build_tasks(train_args: List[str], workers: int, ps: int, evaluator: bool,
                   env={"CUDA_VISIBLE_DEVICES": shares[name]} if shares else {})
              for name, port in zip(names, ports)]
     for task in tasks:
-        if task.does.chief:
+        if task.traits.chief:
             task.env.update(chief_env or {})
     return tasks
 

@@ -102,7 +102,7 @@ def build_tasks(train_args: List[str], rendezvous: Rendezvous, iface: str,
     argv = [python, "-m", "estimator_dist", "train"] + list(train_args)
     return [launcher.Task(f"rank:{r}", argv, tf_config="", env=rendezvous.rank_env(r, iface),
                           ready=lambda r=r: rendezvous.reached(r),
-                          kind=roles.horovod_task_kind(r))
+                          kind=roles.kind_of_rank(r))
             for r in range(rendezvous.size)]
 
 

@@ -20,7 +20,6 @@ multi_worker_mirrored a dead peer hangs the others forever, so in those cases th
 whole cluster is stopped and started again, resuming from the last checkpoint.
 """
 import ctypes
-import json
 import os
 import signal
 import socket
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from estimator_dist import timers
+from estimator_dist.launch import layout
 from estimator_dist.launch.ports import LOOPBACK, free_ports, release_ports  # noqa: F401
 from estimator_dist.distribute import roles
 
@@ -48,7 +48,6 @@ def permanent(code: int) -> bool:
     restart would repeat it); 128-255 (preempted 143, peer lost 144) and death by a signal
     are retried."""
     return 1 <= code <= 127
-MAX_LOCAL_TASKS = 32  # processes of one local cluster (each holds a TensorFlow runtime)
 
 
 def listening(port: int) -> bool:
@@ -57,35 +56,14 @@ def listening(port: int) -> bool:
         return s.connect_ex((LOOPBACK, port)) == 0
 
 
-def task_names(workers: int, ps: int, evaluator: bool) -> List[str]:
-    """chief:0, worker:0..workers-2, ps:0..ps-1, evaluator:0 (workers counts the chief)."""
-    names = ["chief:0"] + [f"worker:{i}" for i in range(workers - 1)]
-    names += [f"ps:{i}" for i in range(ps)]
-    return names + (["evaluator:0"] if evaluator else [])
-
-
-def make_tf_configs(names: List[str], ports: List[int],
-                    only: Optional[str] = None) -> Dict[str, str]:
-    """TF_CONFIG per task (or of the task `only`), laid out as Kubeflow's operator does
-    (evaluator in the cluster)."""
-    cluster: Dict[str, List[str]] = {}
-    for name, port in zip(names, ports):
-        cluster.setdefault(name.split(":")[0], []).append(f"{LOOPBACK}:{port}")
-    configs = {}
-    for name in [only] if only else names:
-        task_type, index = name.split(":")
-        configs[name] = json.dumps({"cluster": cluster, "task": {"type": task_type, "index": int(index)},
-                                    "environment": "cloud"})
-    return configs
-
-
 @dataclass
 class Task:
     """One process of the cluster.
 
-    A Horovod rank has no port of its own: `ready` says when it reached the
-    rendezvous, `kind` is its role (roles.horovod_task_kind: chief for rank 0, else
-    worker) and `env` holds its HOROVOD_* variables.
+    `kind` is what its name says (worker for worker:1). A Horovod rank has no port of
+    its own: `ready` says when it reached the rendezvous, `kind` is given
+    (roles.kind_of_rank: chief for rank 0, else worker) and `env` holds its HOROVOD_*
+    variables.
     """
 
     name: str
@@ -98,17 +76,16 @@ class Task:
     reader: Optional[threading.Thread] = field(default=None, repr=False)
     env: Dict[str, str] = field(default_factory=dict)
     ready: Optional[Callable[[], bool]] = field(default=None, repr=False)
-    kind: str = ""
+    kind: str = ""  # chief, worker, ps or evaluator; "": its name's (layout.kind_of)
     last_line: str = ""  # its last line of output: said when it fails permanently
 
-    @property
-    def role(self) -> str:
-        return self.kind or roles.task_type(self.name)
+    def __post_init__(self):
+        self.kind = self.kind or layout.kind_of(self.name)
 
     @property
-    def does(self) -> roles.TaskKind:
-        """What this kind of task does (roles.TASK_KINDS)."""
-        return roles.TASK_KINDS[self.role]
+    def traits(self) -> roles.TaskTraits:
+        """What the launcher needs to know about this kind of task (roles.TASK_TRAITS)."""
+        return roles.TASK_TRAITS[self.kind]
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -186,11 +163,11 @@ class Supervisor:
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=lambda: die_with_parent(parent))
         task.started_at = time.monotonic()
-        task.up = (task.port is None and task.ready is None) or not task.does.listens
+        task.up = (task.port is None and task.ready is None) or not task.traits.listens
         task.reader = threading.Thread(target=self._pump, args=(task, task.process.stdout), daemon=True)
         task.reader.start()
         self.say(f"started {task.name} pid {task.process.pid}"
-                 + (f" on {LOOPBACK}:{task.port}" if task.port and task.does.listens else ""))
+                 + (f" on {LOOPBACK}:{task.port}" if task.port and task.traits.listens else ""))
 
     def stop_tasks(self, tasks: List[Task]):
         """SIGTERM to every task at once, SIGKILL to those alive STOP_GRACE_SECONDS later; by
@@ -199,8 +176,8 @@ class Supervisor:
         (checkpoints are the chief's): it is stopped once the others are gone, since the
         chief's final save reads the variables it holds (SIGTERM too: it says how it ended)."""
         alive = [t for t in tasks if t.process is not None and t.process.poll() is None]
-        servers = [t.process for t in alive if t.does.serves_forever]
-        others = [t.process for t in alive if not t.does.serves_forever]
+        servers = [t.process for t in alive if t.traits.serves_forever]
+        others = [t.process for t in alive if not t.traits.serves_forever]
         for group in (others, servers):
             for proc in group:
                 proc.send_signal(signal.SIGTERM)
@@ -240,14 +217,14 @@ class Supervisor:
                                 f"is slow")
 
     def _restart(self, task: Task, code: int):
-        if self.restarts >= self.max_restarts and self.drop_exhausted and task.does.trains:
+        if self.restarts >= self.max_restarts and self.drop_exhausted and task.traits.trains:
             raise Reform(f"{task.name} exited with code {code} and --max_restarts "
                          f"{self.max_restarts} is used up", dropped=1)
         if self.restarts >= self.max_restarts:
             raise ClusterFailed(f"{task.name} exited with code {code} and --max_restarts "
                                 f"{self.max_restarts} is used up")
         self.restarts += 1
-        if self.whole_restart or task.does.serves_forever or (task.does.chief and self.relaunch):
+        if self.whole_restart or task.traits.serves_forever or (task.traits.chief and self.relaunch):
             self.say(f"{task.name} exited with code {code}; restarting the whole cluster from the "
                      f"last checkpoint (restart {self.restarts}/{self.max_restarts})")
             self.stop_all()
@@ -274,7 +251,7 @@ class Supervisor:
     def _workers_ended_cleanly(self) -> bool:
         """Wait for the workers to exit by themselves; False if one failed or had to be stopped."""
         deadline = time.monotonic() + self.workers_exit_timeout
-        workers = [t for t in self.tasks if t.does.trains and not t.does.chief]
+        workers = [t for t in self.tasks if t.traits.trains and not t.traits.chief]
         while time.monotonic() < deadline and any(t.process.poll() is None for t in workers):
             time.sleep(POLL_SECONDS)
         clean = True
@@ -292,7 +269,7 @@ class Supervisor:
         if self.workers_exit_timeout and not self._workers_ended_cleanly():
             self.stop_all()
             return EXIT_CLUSTER_FAILED
-        evaluator = next((t for t in self.tasks if t.does.evaluates), None)
+        evaluator = next((t for t in self.tasks if t.traits.evaluates), None)
         if evaluator and evaluator.process.poll() is None:
             self.say("chief finished; waiting for the evaluator's final evaluation and export")
             deadline = time.monotonic() + self.final_eval_timeout
@@ -326,14 +303,14 @@ class Supervisor:
                     if code is None:
                         self._check_startup(task)
                         continue
-                    if task.does.chief:
+                    if task.traits.chief:
                         if code == 0:
                             return self._finish(task)
                         if permanent(code):
                             return self._failed(task, code)
                         self._restart(task, code)
                         break
-                    if code == 0 and task.does.ends_before_chief:
+                    if code == 0 and task.traits.ends_before_chief:
                         continue  # finished its part
                     if permanent(code):
                         return self._failed(task, code)

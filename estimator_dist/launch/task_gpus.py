@@ -13,6 +13,7 @@ from typing import Dict, List, Mapping, Sequence
 
 from estimator_dist.errors import UserError
 from estimator_dist.distribute import roles
+from estimator_dist.launch.layout import kind_of
 
 
 def visible_gpus(environ: Mapping[str, str] = os.environ, dev_dir: str = "/dev") -> List[str]:
@@ -38,8 +39,8 @@ def assign(names: Sequence[str], gpus: Sequence[str], num_devices: int,
             raise UserError(f"--evaluator_gpus {evaluator_gpus}: this machine has no GPU; "
                             f"leave it out")
         return {}
-    training = [n for n in names if roles.task_kind(n).trains]
-    has_evaluator = any(roles.task_kind(n).evaluates for n in names)
+    training = [n for n in names if roles.TASK_TRAITS[kind_of(n)].trains]
+    has_evaluator = any(roles.TASK_TRAITS[kind_of(n)].evaluates for n in names)
     if evaluator_gpus and not has_evaluator:
         raise UserError(f"--evaluator_gpus {evaluator_gpus}: there is no evaluator task; add "
                         f"--evaluator or leave it out")
@@ -53,7 +54,7 @@ def assign(names: Sequence[str], gpus: Sequence[str], num_devices: int,
     free = iter(gpus)
     out = {}
     for name in names:
-        kind = roles.task_kind(name)
-        count = per_task if kind.trains else evaluator_gpus if kind.evaluates else 0
+        traits = roles.TASK_TRAITS[kind_of(name)]
+        count = per_task if traits.trains else evaluator_gpus if traits.evaluates else 0
         out[name] = ",".join(next(free) for _ in range(count))
     return out

@@ -19,7 +19,7 @@ from estimator_dist import config_yaml as config_lib
 from estimator_dist import files
 from estimator_dist.checkpoint_files import (PREFIX, STATE_FILE, complete_checkpoints,
                                              latest_prefix, named_prefix, temp_dirs)
-from estimator_dist.checkpoint_files import step_of  # noqa: F401 - serving/export.py reads it here
+
 from estimator_dist.errors import UserError, first_line
 
 # Optimizer slots and bookkeeping left in a checkpoint by another optimizer, and

@@ -37,7 +37,7 @@ from estimator_dist.distribute import roles
 
 EXIT_CLUSTER_FAILED = 3
 # SIGTERM to SIGKILL when the launcher stops a task: longer than a task that handles
-# SIGTERM takes to save and exit by itself (preemption.PEER_DEADLINE_S, 20 s).
+# SIGTERM takes to save and exit by itself (signals.PEER_DEADLINE_S, 20 s).
 STOP_GRACE_SECONDS = 25.0  # timers.py: stop_grace_s
 POLL_SECONDS = 0.2
 

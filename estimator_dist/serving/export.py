@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import tensorflow as tf
 
 from estimator_dist.compat import internals
-from estimator_dist.guards import checkpoints
+from estimator_dist.checkpoint_files import step_of
 from estimator_dist import errors
 from estimator_dist import files
 from estimator_dist.guards import storage
@@ -166,7 +166,7 @@ class FinalExporter(tf.estimator.FinalExporter):
 
     def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
         if is_the_final_export and checkpoint_path and \
-                export_of_step(export_path, checkpoints.step_of(checkpoint_path)):
+                export_of_step(export_path, step_of(checkpoint_path)):
             return None
         return super().export(estimator, export_path, checkpoint_path, eval_result,
                               is_the_final_export)

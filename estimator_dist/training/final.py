@@ -10,10 +10,9 @@ from estimator_dist.distribute import tf_config as cluster_lib
 from estimator_dist.guards import signals
 from estimator_dist.guards import stop_messages
 from estimator_dist.serving import export as export_lib
-from estimator_dist.guards import checkpoints as checkpoints_lib
 from estimator_dist.training.estimator import single_device_estimator
 from estimator_dist.training.plan import Plan
-from estimator_dist.checkpoint_files import latest_step
+from estimator_dist.checkpoint_files import latest_step, step_of
 
 
 def export_from_chief(p: Plan) -> Optional[str]:
@@ -21,7 +20,7 @@ def export_from_chief(p: Plan) -> Optional[str]:
     (once: None when a restart of the cluster finds it exported already)."""
     base = os.path.join(p.model_dir, export_lib.EXPORT_SUBDIR, "final")
     latest = tf.train.latest_checkpoint(p.model_dir)
-    if latest and export_lib.export_of_step(base, checkpoints_lib.step_of(latest)):
+    if latest and export_lib.export_of_step(base, step_of(latest)):
         return None
     with cluster_lib.local_only():
         estimator = single_device_estimator(p)
@@ -72,7 +71,7 @@ def export_when_already_trained(p: Plan, estimator, eval_spec, eval_result):
     latest = tf.train.latest_checkpoint(p.model_dir)
     if latest is None:
         return
-    step = checkpoints_lib.step_of(latest)
+    step = step_of(latest)
     for exporter in eval_spec.exporters:
         base = os.path.join(p.model_dir, export_lib.EXPORT_SUBDIR, exporter.name)
         if export_lib.export_of_step(base, step):

@@ -78,7 +78,7 @@ def make_hook(estimator, metric: str, higher: bool, patience: int, min_delta: fl
     """
     should_stop = make_should_stop(estimator.eval_dir(), metric, higher, patience, min_delta, say)
     every_steps = max(1, every_steps)
-    if stops_together and estimator.config.train_distribute is not None:
+    if stops_together:
         hook = internals.multi_worker_early_stopping_hook(should_stop, every_steps)
     elif owns_the_run:
         hook = internals.stop_on_predicate_hook(should_stop, every_steps)

@@ -227,9 +227,8 @@ def seeded(model_fn, seed: int):
 
 
 def build_estimator(p: Plan, run_config, warm_start=None) -> tf.estimator.Estimator:
-    model_fn = saver_hook.with_saver_hook(
-        build_model_fn(p), run_config,
-        strategy_saves=p.strategy.saves_itself and run_config.train_distribute is not None)
+    model_fn = saver_hook.with_saver_hook(build_model_fn(p), run_config,
+                                          strategy_saves=p.strategy.saves_itself)
     return tf.estimator.Estimator(model_fn=model_fn, config=run_config,
                                   params=p.params(), warm_start_from=warm_start)
 

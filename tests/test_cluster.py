@@ -349,11 +349,14 @@ def probe_shards(probe):
     return sorted(name.split("-", 1)[1] for name in os.listdir(probe))
 
 
-def test_early_stop_in_a_cluster_stops_every_task_and_exports(tmp_path):
-    """The chief decides on the evaluator's results; workers stop; the evaluator sees the
-    end marker, evaluates the last checkpoint and runs the final export."""
+@pytest.mark.parametrize("strategy, ps", [("parameter_server", "1"),
+                                          ("multi_worker_mirrored", "0")])
+def test_early_stop_in_a_cluster_stops_every_task_and_exports(strategy, ps, tmp_path):
+    """The chief decides on the evaluator's results; workers stop (under
+    multi_worker_mirrored the decision is all-reduced: every worker stops at one step); the
+    evaluator sees the end marker, evaluates the last checkpoint and runs the final export."""
     model_dir = str(tmp_path / "run")
-    run = Run(["--workers", "2", "--ps", "1", "--evaluator", "--strategy", "parameter_server",
+    run = Run(["--workers", "2", "--ps", ps, "--evaluator", "--strategy", strategy,
                "--train_steps", "20000", "--eval_every", "20", "--early_stop", "loss",
                "--patience", "2", "--min_delta", "0.01", "--set", "learning_rate=0.0",
                "--weights_check_steps", "0",  # frozen on purpose: the plateau
@@ -364,8 +367,9 @@ def test_early_stop_in_a_cluster_stops_every_task_and_exports(tmp_path):
     assert "ran out at step" not in run.text
     assert "[evaluator:0] training ended at step" in run.text
     assert checkpoint_steps(model_dir)[-1] < 20000 and final_export(model_dir), run.text
-    ps_pid = run.pid_of("ps:0")
-    assert ps_pid and not alive(ps_pid), "the ps task must be stopped by PID"
+    if ps != "0":
+        ps_pid = run.pid_of("ps:0")
+        assert ps_pid and not alive(ps_pid), "the ps task must be stopped by PID"
 
 
 def test_a_rerun_reports_only_its_own_export_and_a_checkpoint_is_exported_once(tmp_path):

@@ -506,7 +506,8 @@ from estimator_dist.errors import Preempted
 from estimator_dist.distribute.roles import EVALUATOR, Role
 model_dir = sys.argv[1]
 try:
-    with guards.TrainingGuard(model_dir, role=Role(EVALUATOR, spec("none"))):
+    with guards.TrainingGuard(model_dir, role=Role(EVALUATOR, spec("none")), sigterm=guards.EXIT,
+                              sigint=None):
         os.makedirs(os.path.join(model_dir, "export", "best", "temp-1795600000"))  # mid-export
         time.sleep(60)
 except Preempted as e:

@@ -334,7 +334,8 @@ def test_a_hook_that_holds_a_worker_after_its_step_is_not_a_lost_peer(tmp_path, 
     cluster = tf_config.parse(json.dumps({"cluster": {"chief": ["h:1"], "worker": ["h:2"]},
                                           "task": {"type": "chief", "index": 0}}))
     guard = training_guard.TrainingGuard(str(tmp_path), role=Role.of("multi_worker_mirrored",
-                                                                     cluster))
+                                                                     cluster),
+                                         sigterm=training_guard.VOTE, sigint=None)
     stall = guard.stall
     stall._min, stall._poll = 0.3, 0.02  # pylint: disable=protected-access
 

@@ -35,7 +35,7 @@ from estimator_dist.guards import storage
 from estimator_dist.errors import (ReportedError, StorageError, TrainingFailed, first_line,
                                    op_error_line)
 from estimator_dist.guards import step_end
-from estimator_dist.distribute.roles import PS, WORKER, Role
+from estimator_dist.distribute.roles import WORKER, Role
 
 # A Slurm step's ps on SIGTERM outlives the chief's deadline (PEER_DEADLINE_S) by this much.
 PS_MARGIN_S = 10.0
@@ -138,6 +138,15 @@ class EvaluationStopHook(tf.compat.v1.train.SessionRunHook):
                 tf.train.latest_checkpoint(self._model_dir), self._guard.stop_signal)
 
 
+# What a process does on SIGTERM (SIGUSR1, SIGUSR2), as its procedure (training/roles.py)
+# says: finish its step, save it and exit 143 (SAVE; Ctrl-C too, exit 130); vote with the
+# other workers on one step and save it together (VOTE, multi_worker_mirrored); exit 143 at
+# once, writing nothing (EXIT); a ps in an srun step serves until the chief has saved
+# (SERVE_UNTIL_SAVED; elsewhere it exits at once).
+SAVE, VOTE, EXIT, SERVE_UNTIL_SAVED = "save", "vote", "exit", "serve_until_saved"
+SIGTERM_REACTIONS = (SAVE, VOTE, EXIT, SERVE_UNTIL_SAVED)
+
+
 class TrainingGuard:
     """Context manager around `train_and_evaluate`; `attach(train_spec)` adds its hooks,
     `attach_eval(eval_spec)` the one that cuts an evaluation short on SIGTERM.
@@ -156,10 +165,14 @@ class TrainingGuard:
     exports (local, evaluator).
     """
 
-    def __init__(self, model_dir: str, runs_per_step: int = 1, role: Optional[Role] = None):
+    def __init__(self, model_dir: str, runs_per_step: int = 1, role: Optional[Role] = None,
+                 sigterm: str = SAVE, sigint: Optional[str] = SAVE):
         self.model_dir = model_dir
         self.role = role = role or Role.local()
-        votes = role.votes_on_sigterm
+        if sigterm not in SIGTERM_REACTIONS or sigint not in (SAVE, None):
+            raise ValueError(f"sigterm {sigterm!r}, sigint {sigint!r}: not a reaction")
+        self.sigterm, self.sigint = sigterm, sigint
+        votes = sigterm == VOTE
         self.vote = preemption_vote.VoteHook(role.num_workers, runs_per_step) if votes else None
         # The same workers step together: one gone stalls the others (peers.py).
         self.stall = peers.StallHook(model_dir) if votes and role.num_workers > 1 else None
@@ -172,7 +185,7 @@ class TrainingGuard:
         self._session_deadline = None
         self.hook = GuardHook(model_dir, runs_per_step, saves_on_stop=not votes)
         # Finishes its step and saves on SIGTERM; the others exit at once.
-        self.handles_sigterm = role.saves_on_sigterm
+        self.handles_sigterm = sigterm in (SAVE, VOTE)
         self._deadline, self._deadline_lock = None, threading.Lock()
 
     def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:
@@ -240,7 +253,7 @@ class TrainingGuard:
             self._stack.enter_context(signals.call_on_sigterm(self._on_sigterm,
                                                               at_once=self._start_deadline,
                                                               pass_signum=True))
-        elif self.role.kind == PS and step_end.current():
+        elif self.sigterm == SERVE_UNTIL_SAVED and step_end.current():
             # An srun step's ps: Slurm signals every task at once; it serves until the chief
             # has saved its final checkpoint (step_end.py).
             watch = step_end.current()
@@ -257,7 +270,7 @@ class TrainingGuard:
         # Ctrl-C in a local run stops as SIGTERM does, exit 130: it dropped every step since
         # the last checkpoint. A cluster's tasks are stopped by their launcher.
         self._stack.enter_context(signals.call_on_signal(
-            signal.SIGINT, lambda: self._on_sigterm(signal.SIGINT), enabled=self.role.stops_on_sigint))
+            signal.SIGINT, lambda: self._on_sigterm(signal.SIGINT), enabled=self.sigint == SAVE))
         return self
 
     def __exit__(self, exc_type, exc, tb):

@@ -8,6 +8,7 @@ from estimator_dist.distribute import tf_config as cluster_lib
 from estimator_dist.errors import UserError
 from estimator_dist.distribute import roles
 from estimator_dist.distribute.roles import Role
+from estimator_dist.training.roles import procedure
 import platform_configs as platforms
 
 H = [f"10.0.0.{i}:2222" for i in range(1, 5)]
@@ -31,8 +32,8 @@ def test_a_one_replica_job_is_a_local_run_that_tensorflow_runs_without_tf_config
                    strategy)
     assert spec.trains_alone and spec.is_chief
     role = Role.of(strategy, spec)
-    assert (role.kind, role.in_cluster, role.writes_summary, role.run) == \
-        (roles.LOCAL, False, True, roles.TRAIN_AND_EVALUATE)
+    assert (role.kind, role.in_cluster, procedure(role).__name__) == \
+        (roles.LOCAL, False, "run_local")
     assert tensorflow_sees(role.tensorflow_cluster) is None
 
 
@@ -49,14 +50,14 @@ def test_a_chief_alone_beside_an_evaluator_trains_only_and_tensorflow_sees_no_cl
     chief = spec_of(platforms.vertex_tf_config({"chief": [H[0]]}, "chief"), "mirrored",
                     platforms.vertex_cluster_spec(pools, "workerpool0"))
     role = Role.of("mirrored", chief)
-    assert (role.kind, role.trains_alone, role.run, role.evaluated_elsewhere,
+    assert (role.kind, role.trains_alone, procedure(role).__name__, role.cluster.has_evaluator,
             role.exports_final_itself, role.trains_in_a_group) == \
-        (roles.CHIEF, True, roles.TRAIN_ONLY, True, False, False)
-    assert role.tensorflow_cluster is None and role.marks_end_for_evaluator
+        (roles.CHIEF, True, "run_chief", True, False, False)
+    assert role.tensorflow_cluster is None
     evaluator = Role.of("mirrored", spec_of(
         platforms.vertex_tf_config({"chief": [H[0]]}, "evaluator"), "mirrored",
         platforms.vertex_cluster_spec(pools, "workerpool3")))
-    assert evaluator.kind == roles.EVALUATOR and evaluator.run == roles.EVALUATE_LOOP
+    assert evaluator.kind == roles.EVALUATOR and procedure(evaluator).__name__ == "run_evaluator"
 
 
 @pytest.mark.parametrize("job, cluster_spec, outside", [
@@ -76,8 +77,8 @@ def test_an_evaluator_outside_the_cluster_is_read_off_the_platforms_job(job, clu
     spec = spec_of(text, "multi_worker_mirrored", cluster_spec)
     assert (spec.evaluator_outside, spec.has_evaluator) == (outside, outside)
     role = Role.of("multi_worker_mirrored", spec)
-    assert (role.exports_final_itself, role.evaluates_final_itself, role.evaluated_elsewhere) == \
-        (not outside, not outside, outside)
+    # run_chief: with an evaluator task it leaves the evaluation and export to that task
+    assert (role.exports_final_itself, role.cluster.has_evaluator) == (not outside, outside)
     assert tensorflow_sees(spec)["cluster"] == {"chief": [H[0]], "worker": [H[1]]}
 
 
@@ -91,7 +92,8 @@ def test_sagemakers_parameter_server_layout_keeps_master_for_the_outside_ps_serv
                        (worker, {"type": "worker", "index": 0})):
         assert tensorflow_sees(spec) == {"cluster": cluster, "environment": "cloud", "task": task}
     role = Role.of("none", master)
-    assert (role.metrics_from_eval_dir, role.evaluates_final_itself, role.exports_final_itself) \
+    # run_chief: Estimator's `master` evaluated every checkpoint; the chief exports the last
+    assert (role.cluster.chief_evaluates, role.cluster.has_evaluator, role.exports_final_itself) \
         == (True, False, True)
     with pytest.raises(UserError) as refused:
         spec_of(platforms.sagemaker_ps_tf_config(cluster, 0), "parameter_server")
@@ -134,7 +136,9 @@ def test_a_cluster_chief_without_an_evaluator_evaluates_the_final_checkpoint():
     spec = spec_of(json.dumps({"cluster": {"chief": [H[0]], "worker": [H[1]], "ps": [H[2]]},
                                "task": {"type": "chief", "index": 0}}), "parameter_server")
     role = Role.of("parameter_server", spec)
-    assert role.evaluates and role.evaluates_final_itself and role.writes_summary
+    # run_chief then evaluates and exports the final checkpoint, and writes --summary_json
+    assert procedure(role).__name__ == "run_chief" and role.exports_final_itself
+    assert not role.cluster.has_evaluator and not role.cluster.chief_evaluates
     worker = Role.of("parameter_server", spec_of(json.dumps(
         {"cluster": spec.cluster, "task": {"type": "worker", "index": 0}}), "parameter_server"))
-    assert not worker.evaluates_final_itself and not worker.writes_summary
+    assert procedure(worker).__name__ == "run_worker" and not worker.exports_final_itself

@@ -40,33 +40,38 @@ ROLES = {
     "horovod alone": Role.of("horovod", ranks=ranks(0, 1)),
 }
 
-# role: (kind, writes_run_files, speaks, evaluates, writes_summary, exports_final_itself,
-#        run, saves_on_sigterm, votes_on_sigterm, stops_on_sigint)
+# role: (kind, procedure, writes_run_files, exports_final_itself, votes_on_sigterm,
+#        trains_in_a_group)
 T, F = True, False
 EXPECTED = {
-    "local": ("local", T, T, T, T, F, roles.TRAIN_AND_EVALUATE, T, F, T),
-    "mwms chief": ("chief", T, T, T, F, F, roles.TRAIN_AND_EVALUATE, T, T, F),
-    "mwms worker": ("worker", F, F, F, F, F, roles.TRAIN_AND_EVALUATE, T, T, F),
-    "ps chief, no evaluator": ("chief", T, T, T, T, T, roles.TRAIN_AND_EVALUATE, T, F, F),
-    "ps worker": ("worker", F, F, F, F, F, roles.TRAIN_AND_EVALUATE, F, F, F),
-    "ps task": ("ps", F, F, F, F, F, roles.SERVE, F, F, F),
-    "evaluator": ("evaluator", F, T, T, T, F, roles.EVALUATE_LOOP, F, F, F),
-    "horovod rank 0": ("chief", T, T, T, T, F, roles.TRAIN_AND_EVALUATE, T, F, F),
-    "horovod rank 1": ("worker", F, F, F, F, F, roles.TRAIN_ONLY, F, F, F),
-    "horovod alone": ("local", T, T, T, T, F, roles.TRAIN_AND_EVALUATE, T, F, T),
+    "local": ("local", "run_local", T, F, F, F),
+    "mwms chief": ("chief", "run_chief", T, F, T, T),
+    "mwms worker": ("worker", "run_worker", F, F, T, T),
+    "ps chief, no evaluator": ("chief", "run_chief", T, T, F, T),
+    "ps worker": ("worker", "run_worker", F, F, F, T),
+    "ps task": ("ps", "run_ps", F, F, F, F),
+    "evaluator": ("evaluator", "run_evaluator", F, F, F, F),
+    "horovod rank 0": ("chief", "run_horovod_rank", T, F, F, T),
+    "horovod rank 1": ("worker", "run_horovod_rank", F, F, F, T),
+    "horovod alone": ("local", "run_horovod_rank", T, F, F, F),
 }
+
+
+def procedure_of(role: Role) -> str:
+    """The procedure training/roles.py runs for `role`."""
+    from estimator_dist.training import roles as procedures
+
+    return procedures.procedure(role).__name__
 
 
 @pytest.mark.parametrize("name", sorted(ROLES))
 def test_role_answers(name):
     r = ROLES[name]
-    assert (r.kind, r.writes_run_files, r.speaks, r.evaluates, r.writes_summary,
-            r.exports_final_itself, r.run, r.saves_on_sigterm, r.votes_on_sigterm,
-            r.stops_on_sigint) == EXPECTED[name]
+    assert (r.kind, procedure_of(r), r.writes_run_files, r.exports_final_itself,
+            r.votes_on_sigterm, r.trains_in_a_group) == EXPECTED[name]
 
 
-def test_who_builds_a_strategy_and_where_it_is():
-    assert [n for n, r in ROLES.items() if not r.builds_strategy] == ["evaluator"]
+def test_who_trains_in_a_scratch_dir_and_where_it_is():
     assert [n for n, r in ROLES.items() if r.horovod_follower] == ["horovod rank 1"]
     assert ROLES["mwms worker"].where("1 CPU(s)") == "worker:0 of 2 worker(s), 0 ps, 1 CPU(s) each"
     assert ROLES["horovod rank 1"].where("1 CPU(s)") == "rank 1 of 2, 1 CPU(s) each"
@@ -93,15 +98,6 @@ def test_every_strategy_has_a_spec_and_a_builder():
         ["multi_worker_mirrored"]
     assert specs.is_horovod("horovod") and not specs.is_horovod(None) and \
         not specs.is_horovod("mirored")
-
-
-def test_only_a_cluster_with_an_evaluator_task_evaluates_elsewhere():
-    """Its training tasks end with '(the evaluator task evaluates and exports)'; a cluster
-    without one said so too."""
-    assert ROLES["mwms chief"].evaluated_elsewhere and ROLES["mwms worker"].evaluated_elsewhere
-    assert not ROLES["ps chief, no evaluator"].evaluated_elsewhere
-    assert not ROLES["ps worker"].evaluated_elsewhere
-    assert not ROLES["horovod rank 0"].evaluated_elsewhere and not ROLES["local"].evaluated_elsewhere
 
 
 def test_the_shadow_dirs_each_task_removes():

@@ -1,10 +1,10 @@
-"""Which process does what: one Role per process, built once from the plan.
+"""What a process is: one Role per process, built once from the plan.
 
-tensorflow/estimator's training.py dispatches `'run_' + task_type`, one method per
-role; here every question about what this process does (write the run files, speak,
-evaluate, export, write --summary_json, build a strategy, how it runs and how it stops
-on SIGTERM/SIGINT) is answered by its Role, and no other module reads task types or
-Horovod ranks. The kinds:
+Its kind, strategy, TF_CONFIG cluster or Horovod ranks, and the facts that follow (does
+it own model_dir, is it in a group whose steps wait for peers, which shadow dirs are its);
+what each kind does, start to exit code, SIGTERM and SIGINT included, is its procedure in
+training/roles.py (tensorflow/estimator's training.py: `'run_' + task_type`). No other
+module reads task types or Horovod ranks. The kinds:
 
   local      one process: trains, evaluates, exports, owns model_dir (also the one task of
              a TF_CONFIG cluster running a one-machine strategy: Vertex AI's one replica)
@@ -25,13 +25,6 @@ from estimator_dist.distribute.specs import StrategySpec, spec
 from estimator_dist.distribute.tf_config import ClusterSpec
 
 LOCAL, CHIEF, WORKER, PS, EVALUATOR = "local", "chief", "worker", "ps", "evaluator"
-
-# How a run drives Estimator (Role.run).
-TRAIN_AND_EVALUATE = "train_and_evaluate"  # tf.estimator.train_and_evaluate
-SERVE = "serve"  # a ps: train_and_evaluate runs its server (server.join) until the run ends
-TRAIN_ONLY = "train_only"  # Estimator.train: a Horovod rank > 0 (rank 0 evaluates), or a
-# chief training alone on one machine beside an evaluator task (which evaluates)
-EVALUATE_LOOP = "evaluate_loop"  # the evaluator task (evaluator.py)
 
 
 @dataclass(frozen=True)
@@ -115,12 +108,6 @@ class Role:
         return self.horovod and not self.ranks.is_root
 
     @property
-    def ends_with_the_chief(self) -> bool:
-        """A worker or ps of a TF_CONFIG cluster: stopped (SIGTERM) once the chief finished
-        the run, which is its normal end (exit 0), not a preemption."""
-        return self.in_cluster and self.kind in (WORKER, PS)
-
-    @property
     def trains_in_a_group(self) -> bool:
         """A chief or worker: its steps wait for peers (a deadline bounds its SIGTERM)."""
         return self.kind in (CHIEF, WORKER) and not self.trains_alone
@@ -145,33 +132,6 @@ class Role:
         return self.kind in (LOCAL, CHIEF)
 
     @property
-    def speaks(self) -> bool:
-        """Prints the run's lines (the others train silently)."""
-        return self.kind in (LOCAL, CHIEF, EVALUATOR)
-
-    @property
-    def evaluates(self) -> bool:
-        """It evaluates (local, the evaluator, Horovod's rank 0, a chief with no evaluator
-        task), or it is the chief of a cluster whose evaluator does: a run it would fail is
-        refused by the chief first."""
-        return self.kind in (LOCAL, CHIEF, EVALUATOR)
-
-    @property
-    def writes_summary(self) -> bool:
-        """The task that holds the final metrics and exports writes --summary_json."""
-        if self.kind in (LOCAL, EVALUATOR):
-            return True
-        return self.kind == CHIEF and (self.cluster is None or not self.cluster.has_evaluator)
-
-    @property
-    def evaluates_final_itself(self) -> bool:
-        """A cluster's chief with no evaluator task: nothing evaluated while it trained, so it
-        evaluates the final checkpoint (the run ended with no metrics). Estimator's `master`
-        evaluated every checkpoint already."""
-        return (self.kind == CHIEF and self.in_cluster and not self.cluster.has_evaluator
-                and not self.cluster.chief_evaluates)
-
-    @property
     def exports_final_itself(self) -> bool:
         """A cluster's chief with no evaluator task exports the final checkpoint once, when
         training ends (no evaluator runs the exporters; Estimator's `master` ran its final
@@ -184,23 +144,6 @@ class Role:
         cluster's evaluator exports on the chief's end marker."""
         return not self.in_cluster
 
-    @property
-    def marks_end_for_evaluator(self) -> bool:
-        return self.kind == CHIEF and self.in_cluster
-
-    @property
-    def metrics_from_eval_dir(self) -> bool:
-        """Its result is the last evaluation's event file (the evaluator's loop, Estimator's
-        `master`, return none)."""
-        return self.kind == EVALUATOR or (
-            self.kind == CHIEF and self.in_cluster and self.cluster.chief_evaluates)
-
-    @property
-    def evaluated_elsewhere(self) -> bool:
-        """A training task of a cluster with an evaluator task, which evaluates and exports."""
-        return (self.kind in (CHIEF, WORKER) and not self.horovod and self.cluster is not None
-                and self.cluster.has_evaluator)
-
     # -- what it builds and runs -------------------------------------------------------
     @property
     def computes(self) -> bool:
@@ -209,38 +152,9 @@ class Role:
         return self.kind != PS
 
     @property
-    def builds_strategy(self) -> bool:
-        """The evaluator runs without a strategy: MultiWorkerMirrored cannot be copied into
-        its RunConfig, and evaluation needs no replicas."""
-        return self.kind != EVALUATOR
-
-    @property
-    def run(self) -> str:
-        if self.kind == EVALUATOR:
-            return EVALUATE_LOOP
-        if self.horovod_follower or self.trains_alone:
-            return TRAIN_ONLY
-        if self.kind == PS:
-            return SERVE
-        return TRAIN_AND_EVALUATE
-
-    @property
     def checks_memory(self) -> bool:
         """Refuses variables that cannot fit here: in a cluster they may live on ps tasks."""
         return self.kind == LOCAL
-
-    @property
-    def checks_it_trained(self) -> bool:
-        return self.kind == LOCAL
-
-    @property
-    def notes_input_end(self) -> bool:
-        return self.kind in (LOCAL, CHIEF) and not self.horovod
-
-    @property
-    def evaluates_when_already_trained(self) -> bool:
-        """Estimator skips training and its evaluation at --train_steps: evaluated here."""
-        return self.writes_run_files and not self.in_cluster
 
     @property
     def warm_starts(self) -> bool:
@@ -270,19 +184,6 @@ class Role:
         (guards/identical_batches.py)."""
         return self.strategy.every_worker_saves and self.trains_in_a_group and \
             self.num_workers > 1
-
-    @property
-    def saves_on_sigterm(self) -> bool:
-        """Finishes its step and saves, exit 143 (130 on Ctrl-C); the others exit 143 at once
-        with one line (they write no checkpoint)."""
-        return self.kind == LOCAL or self.votes_on_sigterm or (
-            self.kind == CHIEF and not self.strategy.every_worker_saves)
-
-    @property
-    def stops_on_sigint(self) -> bool:
-        """Ctrl-C saves and exits 130 in a local run; a cluster's tasks are stopped by their
-        launcher (which gets the Ctrl-C)."""
-        return self.kind == LOCAL
 
     @property
     def names_checkpoint_on_vote(self) -> bool:

@@ -25,9 +25,12 @@ def run(config: config_lib.Config, out=print, extra_hooks=()) -> Dict[str, Any]:
     extra_hooks: SessionRunHooks added to training's (the bench's step clock).
     """
     p = plan(config, defer_prepare=True)
-    if p.role.horovod:
-        return run_horovod_rank(p, out, extra_hooks)
-    return PROCEDURES[p.role.kind](p, out, extra_hooks)
+    return procedure(p.role)(p, out, extra_hooks)
+
+
+def procedure(role):
+    """The procedure of a process with this Role."""
+    return run_horovod_rank if role.horovod else PROCEDURES[role.kind]
 
 
 def run_local(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:

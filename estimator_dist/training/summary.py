@@ -54,7 +54,7 @@ def final_eval_metrics(model_dir: str) -> Dict[str, Any]:
 
 def format_result(summary: Dict[str, Any], evaluated_elsewhere: bool = False) -> str:
     """The run's last line(s). evaluated_elsewhere: a cluster's training task, whose
-    evaluator task evaluates and exports (Role.evaluated_elsewhere)."""
+    evaluator task evaluates and exports (training/roles.py)."""
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in sorted(summary["metrics"].items())
                         if k != "global_step" and isinstance(v, float))
     if not summary["metrics"] and evaluated_elsewhere:

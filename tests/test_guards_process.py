@@ -503,7 +503,7 @@ import os, sys, time
 from estimator_dist.guards import training_guard as guards
 from estimator_dist.distribute.specs import spec
 from estimator_dist.errors import Preempted
-from estimator_dist.distribute.roles import EVALUATOR, Role
+from estimator_dist.distribute.role import EVALUATOR, Role
 model_dir = sys.argv[1]
 try:
     with guards.TrainingGuard(model_dir, role=Role(EVALUATOR, spec("none")), sigterm=guards.EXIT,

@@ -201,7 +201,7 @@ def test_no_file_over_450_lines(root):
 
 # Who may compare with a strategy's name: the StrategySpec table, the strategy builders and
 # the Role. Every other strategy difference is a StrategySpec field.
-DECIDERS = {"estimator_dist.distribute.roles", "estimator_dist.distribute.specs",
+DECIDERS = {"estimator_dist.distribute.role", "estimator_dist.distribute.specs",
             "estimator_dist.distribute.strategies"}
 # Who may also read a task type or a Horovod rank: the parsers of TF_CONFIG and of Horovod's
 # environment, whose input they are (never a strategy's name).

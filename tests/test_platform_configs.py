@@ -6,8 +6,8 @@ import pytest
 
 from estimator_dist.distribute import tf_config as cluster_lib
 from estimator_dist.errors import UserError
-from estimator_dist.distribute import roles
-from estimator_dist.distribute.roles import Role
+from estimator_dist.distribute import role as role_lib
+from estimator_dist.distribute.role import Role
 from estimator_dist.training.roles import procedure
 import platform_configs as platforms
 
@@ -33,7 +33,7 @@ def test_a_one_replica_job_is_a_local_run_that_tensorflow_runs_without_tf_config
     assert spec.trains_alone and spec.is_chief
     role = Role.of(strategy, spec)
     assert (role.kind, role.in_cluster, procedure(role).__name__) == \
-        (roles.LOCAL, False, "run_local")
+        (role_lib.LOCAL, False, "run_local")
     assert tensorflow_sees(role.tensorflow_cluster) is None
 
 
@@ -41,7 +41,7 @@ def test_a_one_task_cluster_keeps_its_cluster_for_a_cluster_strategy():
     """`cluster --workers 1` under multi_worker_mirrored: TensorFlow's MWMS takes it."""
     spec = spec_of(platforms.vertex_tf_config({"chief": [H[0]]}, "chief"), "multi_worker_mirrored")
     role = Role.of("multi_worker_mirrored", spec)
-    assert role.kind == roles.CHIEF and tensorflow_sees(role.tensorflow_cluster)["cluster"] == \
+    assert role.kind == role_lib.CHIEF and tensorflow_sees(role.tensorflow_cluster)["cluster"] == \
         {"chief": [H[0]]}
 
 
@@ -52,12 +52,12 @@ def test_a_chief_alone_beside_an_evaluator_trains_only_and_tensorflow_sees_no_cl
     role = Role.of("mirrored", chief)
     assert (role.kind, role.trains_alone, procedure(role).__name__, role.cluster.has_evaluator,
             role.exports_final_itself, role.trains_in_a_group) == \
-        (roles.CHIEF, True, "run_chief", True, False, False)
+        (role_lib.CHIEF, True, "run_chief", True, False, False)
     assert role.tensorflow_cluster is None
     evaluator = Role.of("mirrored", spec_of(
         platforms.vertex_tf_config({"chief": [H[0]]}, "evaluator"), "mirrored",
         platforms.vertex_cluster_spec(pools, "workerpool3")))
-    assert evaluator.kind == roles.EVALUATOR and procedure(evaluator).__name__ == "run_evaluator"
+    assert evaluator.kind == role_lib.EVALUATOR and procedure(evaluator).__name__ == "run_evaluator"
 
 
 @pytest.mark.parametrize("job, cluster_spec, outside", [
@@ -125,7 +125,7 @@ def test_sagemakers_multi_worker_mirrored_layout_makes_worker_0_the_chief():
                                                             ("worker", 1)]
     assert {json.dumps(tensorflow_sees(s)["cluster"]) for s in specs} == \
         {json.dumps({"chief": [H[0]], "worker": H[1:3]})}
-    assert Role.of("multi_worker_mirrored", specs[0]).kind == roles.CHIEF
+    assert Role.of("multi_worker_mirrored", specs[0]).kind == role_lib.CHIEF
     assert specs[2].cluster["worker"][specs[2].task_index] == H[2]  # its own address
     with pytest.raises(UserError, match=r"^TF_CONFIG task index 3 for type 'worker': is out of "
                                         r"range: the cluster has 3 worker task\(s\)"):

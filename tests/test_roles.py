@@ -8,8 +8,8 @@ import pytest
 from estimator_dist.distribute import specs, strategies
 from estimator_dist.distribute import tf_config
 from estimator_dist.distribute.horovod import Ranks
-from estimator_dist.distribute import roles
-from estimator_dist.distribute.roles import Role
+from estimator_dist.distribute import role as role_lib
+from estimator_dist.distribute.role import Role
 from estimator_dist.launch import layout
 
 
@@ -81,13 +81,13 @@ def test_who_trains_in_a_scratch_dir_and_where_it_is():
 
 def test_launcher_task_kinds():
     """The launcher's questions: which tasks train (GPUs), listen, serve until stopped."""
-    kinds = {name: roles.TASK_TRAITS[layout.kind_of(name)]
+    kinds = {name: role_lib.TASK_TRAITS[layout.kind_of(name)]
              for name in ("chief:0", "worker:1", "ps:0", "evaluator:0")}
     assert [n for n, k in kinds.items() if k.trains] == ["chief:0", "worker:1"]
     assert [n for n, k in kinds.items() if not k.listens] == ["evaluator:0"]
     assert [n for n, k in kinds.items() if k.serves_forever] == ["ps:0"]
     assert [n for n, k in kinds.items() if k.ends_before_chief] == ["worker:1", "evaluator:0"]
-    assert roles.kind_of_rank(0) == "chief" and roles.kind_of_rank(3) == "worker"
+    assert role_lib.kind_of_rank(0) == "chief" and role_lib.kind_of_rank(3) == "worker"
 
 
 def test_every_strategy_has_a_spec_and_a_builder():

@@ -327,7 +327,7 @@ def test_a_hook_that_holds_a_worker_after_its_step_is_not_a_lost_peer(tmp_path, 
     from estimator_dist.distribute import tf_config
     from estimator_dist.guards import peers
     from estimator_dist.guards import training_guard
-    from estimator_dist.distribute.roles import Role
+    from estimator_dist.distribute.role import Role
 
     exits = []
     monkeypatch.setattr(peers.signals, "exit_now", exits.append)

@@ -35,7 +35,7 @@ from estimator_dist.guards import storage
 from estimator_dist.errors import (ReportedError, StorageError, TrainingFailed, first_line,
                                    op_error_line)
 from estimator_dist.guards import step_end
-from estimator_dist.distribute.roles import WORKER, Role
+from estimator_dist.distribute.role import WORKER, Role
 
 # A Slurm step's ps on SIGTERM outlives the chief's deadline (PEER_DEADLINE_S) by this much.
 PS_MARGIN_S = 10.0

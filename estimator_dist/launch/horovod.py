@@ -16,7 +16,7 @@ from typing import List, Set, Tuple
 from estimator_dist.distribute import horovod_setup
 from estimator_dist.launch import supervisor as launcher
 from estimator_dist.errors import UserError
-from estimator_dist.distribute import roles
+from estimator_dist.distribute import role as role_lib
 
 HOST = "localhost"  # the host name the ranks and the rendezvous agree on
 WORKERS_EXIT_TIMEOUT = 60.0
@@ -102,7 +102,7 @@ def build_tasks(train_args: List[str], rendezvous: Rendezvous, iface: str,
     argv = [python, "-m", "estimator_dist", "train"] + list(train_args)
     return [launcher.Task(f"rank:{r}", argv, tf_config="", env=rendezvous.rank_env(r, iface),
                           ready=lambda r=r: rendezvous.reached(r),
-                          kind=roles.kind_of_rank(r))
+                          kind=role_lib.kind_of_rank(r))
             for r in range(rendezvous.size)]
 
 

@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Optional
 from estimator_dist import timers
 from estimator_dist.launch import layout
 from estimator_dist.launch.ports import LOOPBACK, free_ports, release_ports  # noqa: F401
-from estimator_dist.distribute import roles
+from estimator_dist.distribute import role as role_lib
 
 EXIT_CLUSTER_FAILED = 3
 # SIGTERM to SIGKILL when the launcher stops a task: longer than a task that handles
@@ -62,7 +62,7 @@ class Task:
 
     `kind` is what its name says (worker for worker:1). A Horovod rank has no port of
     its own: `ready` says when it reached the rendezvous, `kind` is given
-    (roles.kind_of_rank: chief for rank 0, else worker) and `env` holds its HOROVOD_*
+    (role_lib.kind_of_rank: chief for rank 0, else worker) and `env` holds its HOROVOD_*
     variables.
     """
 
@@ -83,9 +83,9 @@ class Task:
         self.kind = self.kind or layout.kind_of(self.name)
 
     @property
-    def traits(self) -> roles.TaskTraits:
-        """What the launcher needs to know about this kind of task (roles.TASK_TRAITS)."""
-        return roles.TASK_TRAITS[self.kind]
+    def traits(self) -> role_lib.TaskTraits:
+        """What the launcher needs to know about this kind of task (role_lib.TASK_TRAITS)."""
+        return role_lib.TASK_TRAITS[self.kind]
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

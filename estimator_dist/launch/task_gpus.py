@@ -12,7 +12,7 @@ import re
 from typing import Dict, List, Mapping, Sequence
 
 from estimator_dist.errors import UserError
-from estimator_dist.distribute import roles
+from estimator_dist.distribute import role as role_lib
 from estimator_dist.launch.layout import kind_of
 
 
@@ -39,8 +39,8 @@ def assign(names: Sequence[str], gpus: Sequence[str], num_devices: int,
             raise UserError(f"--evaluator_gpus {evaluator_gpus}: this machine has no GPU; "
                             f"leave it out")
         return {}
-    training = [n for n in names if roles.TASK_TRAITS[kind_of(n)].trains]
-    has_evaluator = any(roles.TASK_TRAITS[kind_of(n)].evaluates for n in names)
+    training = [n for n in names if role_lib.TASK_TRAITS[kind_of(n)].trains]
+    has_evaluator = any(role_lib.TASK_TRAITS[kind_of(n)].evaluates for n in names)
     if evaluator_gpus and not has_evaluator:
         raise UserError(f"--evaluator_gpus {evaluator_gpus}: there is no evaluator task; add "
                         f"--evaluator or leave it out")
@@ -54,7 +54,7 @@ def assign(names: Sequence[str], gpus: Sequence[str], num_devices: int,
     free = iter(gpus)
     out = {}
     for name in names:
-        traits = roles.TASK_TRAITS[kind_of(name)]
+        traits = role_lib.TASK_TRAITS[kind_of(name)]
         count = per_task if traits.trains else evaluator_gpus if traits.evaluates else 0
         out[name] = ",".join(next(free) for _ in range(count))
     return out

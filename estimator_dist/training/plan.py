@@ -16,7 +16,7 @@ from estimator_dist.distribute import devices as devices_lib
 from estimator_dist.distribute import horovod as hvd_lib
 from estimator_dist.distribute import strategies
 from estimator_dist.distribute.specs import StrategySpec
-from estimator_dist.distribute.roles import Role
+from estimator_dist.distribute.role import Role
 from estimator_dist.serving import export as export_lib
 from estimator_dist.training.registry import INPUTS, MODELS, Entry, check_data_flags
 from estimator_dist.training.user_code import SERVING_INFERRED, run_prepare

@@ -3,8 +3,8 @@
 tensorflow/estimator's training.py runs `'run_' + task_type`, one method per role; here
 each kind of process has its procedure, read top to bottom: what it checks at its start,
 what it trains or serves or evaluates, what it writes at the end, and what SIGTERM
-(SIGUSR1, SIGUSR2) and SIGINT do to it. distribute/roles.py says what a process is (its
-Role: kind, strategy, cluster, Horovod ranks); the steps they share are in run.py.
+(SIGUSR1, SIGUSR2) and SIGINT do to it. distribute/role.py says what a process is (its
+Role: kind, strategy, cluster, Horovod ranks); the steps they share are in steps.py.
 
 Exit codes (README): 0 done, 143 stopped by SIGTERM (retryable: the rerun resumes), 130
 stopped by Ctrl-C, 144 a lost peer (retryable), 2 refused, 5 storage; a cluster task
@@ -12,7 +12,7 @@ stopped after the chief finished the run says `done` and exits 0.
 """
 from typing import Any, Dict
 
-from estimator_dist.distribute import roles as kinds
+from estimator_dist.distribute import role as role_lib
 from estimator_dist.guards.training_guard import EXIT, SAVE, SERVE_UNTIL_SAVED, VOTE
 from estimator_dist.training import config as config_lib
 from estimator_dist.training import steps
@@ -192,5 +192,5 @@ def run_horovod_rank(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
             return steps.summarize(p, t, start_step, metrics, out, writes_summary=True)
 
 
-PROCEDURES = {kinds.LOCAL: run_local, kinds.CHIEF: run_chief, kinds.WORKER: run_worker,
-              kinds.PS: run_ps, kinds.EVALUATOR: run_evaluator}
+PROCEDURES = {role_lib.LOCAL: run_local, role_lib.CHIEF: run_chief, role_lib.WORKER: run_worker,
+              role_lib.PS: run_ps, role_lib.EVALUATOR: run_evaluator}

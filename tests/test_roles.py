@@ -1,15 +1,23 @@
 """The Role table: what each kind of process does, as the run, the guard and the launcher
 ask it (one place; tests of the runs themselves are in test_cluster, test_signals,
 test_horovod). And the StrategySpec table against the strategies the CLI offers."""
+import contextlib
 import json
+import os
+import signal
+import time
+import types
 
 import pytest
+import tensorflow as tf
 
+from estimator_dist import checkpoint_files
 from estimator_dist.distribute import specs, strategies
 from estimator_dist.distribute import tf_config
 from estimator_dist.distribute.horovod import Ranks
 from estimator_dist.distribute import role as role_lib
 from estimator_dist.distribute.role import Role
+from estimator_dist.guards import stop_messages
 from estimator_dist.launch import layout
 
 
@@ -109,3 +117,226 @@ def test_the_shadow_dirs_each_task_removes():
     assert ROLES["mwms chief"].shadow_dirs_to_remove(names) == ["tmp_worker_1", "tmp_worker_2"]
     for name in ("local", "ps worker", "ps chief, no evaluator", "evaluator", "horovod rank 1"):
         assert ROLES[name].shadow_dir is None and ROLES[name].shadow_dirs_to_remove(names) == []
+
+
+# -- each procedure driven through its start, a normal end, SIGTERM and Ctrl-C ------------
+# training/roles.py's procedures run here in this process with a stand-in for
+# training/steps.py that records each step they take. What decides how a process stops is
+# real: the model_dir lock and the finish-with-the-chief check around the procedure, the
+# TrainingGuard with the reaction the procedure chose, its hooks inside a real TF1 training
+# loop (MonitoredTrainingSession, as Estimator runs them), and a real signal sent to this
+# process at step 3. The signal's effect on the TensorFlow cluster itself (peers, servers,
+# the vote's all-reduce between processes) is tested with real processes in test_signals.py,
+# test_cluster.py and test_guards_process.py.
+SIGNAL_AT, LAST_STEP = 3, 30
+
+
+class Exited(Exception):
+    """What signals.exit_now and the peer deadline would have done: os._exit(code)."""
+
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code
+
+
+class Script:
+    """training/steps.py for one procedure under test: each step it takes is recorded; its
+    training phases (train_and_evaluate, train_only, evaluate_each_checkpoint) run a TF1
+    loop with the guard's hooks and send `signum` at step 3."""
+
+    def __init__(self, real_steps, model_dir, signum, exits):
+        self.real, self.model_dir, self.signum, self.exits = real_steps, model_dir, signum, exits
+        self.calls, self.guards = [], []
+        self.silent = real_steps.silent
+
+    def __getattr__(self, name):
+        if not callable(getattr(self.real, name, None)) or name.startswith("_"):
+            raise AttributeError(f"training/steps.py has no step {name}")
+        results = {"start": lambda p, *a, **k: (p, None), "metrics_of": lambda r: {},
+                   "final_eval_metrics": lambda d: {"loss": 0.5},
+                   "metrics_when_already_trained": lambda *a: {},
+                   "evaluate_and_export_final": lambda *a, **k: {"loss": 0.5},
+                   "summarize": lambda *a, **k: {"done": True}}
+
+        def step(*args, **kwargs):
+            self.calls.append(name)
+            return results.get(name, lambda *a, **k: None)(*args, **kwargs)
+        return step
+
+    # the steps that hold something while inside: the real ones where they decide the stop
+    def owning_model_dir(self, p):
+        self.calls.append("owning_model_dir")
+        return self.real.owning_model_dir(p)
+
+    def finishing_with_the_chief(self, p):
+        self.calls.append("finishing_with_the_chief")
+        return self.real.finishing_with_the_chief(p)
+
+    @contextlib.contextmanager
+    def estimator_for(self, *args, **kwargs):
+        self.calls.append("estimator_for")
+        yield None
+
+    def training(self, *args, **kwargs):
+        self.calls.append("training")
+        return types.SimpleNamespace(hooks=[], train_spec=None, eval_spec=None)
+
+    def guarded(self, p, sigterm, sigint=None):
+        self.calls.append(f"guarded(sigterm={sigterm}, sigint={sigint})")
+        guard = self.real.guarded(p, sigterm, sigint)
+        self.guards.append(guard)
+        return guard
+
+    def train_and_evaluate(self, p, estimator, guard, t, say):
+        self.calls.append("train_and_evaluate")
+        return self._train(guard)
+
+    def train_only(self, estimator, guard, t, start_step):
+        self.calls.append("train_only")
+        self._train(guard)
+
+    def evaluate_each_checkpoint(self, p, estimator, guard, t, say):
+        self.calls.append("evaluate_each_checkpoint")
+        self._train(guard)
+
+    def _train(self, guard):
+        script = self
+
+        class SignalAt(tf.compat.v1.train.SessionRunHook):
+            def after_run(self, run_context, run_values):
+                step = run_context.session.run(tf.compat.v1.train.get_global_step())
+                if script.signum is None or step != SIGNAL_AT:
+                    return
+                os.kill(os.getpid(), script.signum)
+                deadline = time.monotonic() + 1.0  # the watcher thread's exit, if any
+                while not script.exits and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                if script.exits:
+                    raise Exited(script.exits[0])
+
+        spec = tf.estimator.TrainSpec(lambda: None, max_steps=LAST_STEP)
+        with tf.Graph().as_default():
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+            w = tf.compat.v1.get_variable("w", [], initializer=tf.compat.v1.zeros_initializer())
+            train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+                tf.square(w - 1.0), global_step=global_step)
+            # Estimator's saver, in the collection the guard's final save takes it from
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS,
+                                           tf.compat.v1.train.Saver(sharded=True))
+            hooks = list(guard.attach(spec).hooks) + [
+                SignalAt(), tf.compat.v1.train.StopAtStepHook(last_step=LAST_STEP)]
+            with tf.compat.v1.train.MonitoredTrainingSession(
+                    checkpoint_dir=self.model_dir, hooks=hooks, save_summaries_steps=None,
+                    save_summaries_secs=None, log_step_count_steps=None) as session:
+                while not session.should_stop():
+                    session.run(train_op)
+
+
+def drive(name, signum, tmp_path, monkeypatch):
+    """Run ROLES[name]'s procedure; returns (exit code, steps taken, checkpoint steps)."""
+    from estimator_dist import errors
+    from estimator_dist.guards import signals
+    from estimator_dist.training import roles as procedures, steps
+
+    role = ROLES[name]
+    exits = []
+
+    def exit_now(error, cleanup=None):  # from the watcher thread: record, never os._exit
+        if cleanup:
+            cleanup()
+        exits.append(stop_messages.finished_instead(error).exit_code)
+
+    monkeypatch.setattr(signals, "exit_now", exit_now)
+    monkeypatch.setattr(procedures, "steps", Script(steps, str(tmp_path / "run"), signum, exits))
+    strategy = {"local": "none", "ps": "parameter_server", "horovod": "horovod"}.get(
+        name.split()[0], "multi_worker_mirrored")
+    p = types.SimpleNamespace(role=role, model_dir=str(tmp_path / "run"),
+                              strategy=specs.spec(strategy), config=types.SimpleNamespace(
+                                  distribute=types.SimpleNamespace(accumulate_steps=1)))
+    try:
+        procedures.procedure(role)(p, lambda *a: None)
+        code = 0
+    except Exited as e:
+        code = e.code
+    except errors.ReportedError as e:
+        code = e.exit_code
+    except KeyboardInterrupt:
+        code = errors.EXIT_INTERRUPTED  # cli.main: "interrupted", exit 130
+    finally:
+        for guard in procedures.steps.guards:  # a cluster task's 20 s deadline after SIGTERM
+            if guard._deadline:  # pylint: disable=protected-access
+                guard._deadline.cancel()  # pylint: disable=protected-access
+    return code, procedures.steps.calls, checkpoint_files.index_steps(str(tmp_path / "run"))
+
+
+# kind: (steps from start to a normal end, SIGTERM's exit code and the checkpoint steps then,
+# Ctrl-C's). The steps a stopped process takes are the same up to its training phase.
+START = ["set_tf_config", "build_strategy", "start", "estimator_for", "training"]
+OWNER = ["owning_model_dir"] + START
+PEER = ["finishing_with_the_chief"] + START
+SAVED, VOTED, NOTHING = [0, SIGNAL_AT + 1], [0, 10], [0]  # the vote falls on step 10
+PROCEDURE_RUNS = {
+    "local": (OWNER + ["guarded(sigterm=save, sigint=save)", "train_and_evaluate",
+                       "export_after_early_stop", "check_trained", "say_input_end",
+                       "metrics_when_already_trained", "summarize"],
+              (143, SAVED), (130, SAVED)),
+    "mwms chief": (OWNER + ["guarded(sigterm=vote, sigint=None)", "train_and_evaluate",
+                            "say_input_end", "mark_end_for_evaluator", "metrics_of",
+                            "summarize"],
+                   (143, VOTED), (130, NOTHING)),
+    "mwms worker": (PEER + ["guarded(sigterm=vote, sigint=None)", "train_and_evaluate",
+                            "metrics_of", "summarize"],
+                    (143, VOTED), (130, NOTHING)),
+    "ps chief, no evaluator": (OWNER + ["guarded(sigterm=save, sigint=None)",
+                                        "train_and_evaluate", "say_input_end",
+                                        "mark_end_for_evaluator", "metrics_of",
+                                        "evaluate_and_export_final", "summarize"],
+                               (143, SAVED), (130, NOTHING)),
+    "ps worker": (PEER + ["guarded(sigterm=exit, sigint=None)", "train_and_evaluate",
+                          "metrics_of", "summarize"],
+                  (143, NOTHING), (130, NOTHING)),
+    "ps task": (PEER + ["guarded(sigterm=serve_until_saved, sigint=None)",
+                        "train_and_evaluate", "metrics_of", "summarize"],
+                (143, NOTHING), (130, NOTHING)),
+    "evaluator": (["set_tf_config", "start", "estimator_for", "training",
+                   "guarded(sigterm=exit, sigint=None)", "evaluate_each_checkpoint",
+                   "final_eval_metrics", "summarize"],
+                  (143, NOTHING), (130, NOTHING)),
+    "horovod rank 0": (["set_tf_config", "owning_model_dir"] + START[1:]
+                       + ["guarded(sigterm=save, sigint=None)", "train_and_evaluate",
+                          "export_after_early_stop", "metrics_when_already_trained",
+                          "summarize"],
+                       (143, SAVED), (130, NOTHING)),
+    "horovod rank 1": (START + ["guarded(sigterm=exit, sigint=None)", "train_only",
+                                "summarize"],
+                       (143, NOTHING), (130, NOTHING)),
+    "horovod alone": (["set_tf_config", "owning_model_dir"] + START[1:]
+                      + ["guarded(sigterm=save, sigint=save)", "train_and_evaluate",
+                         "export_after_early_stop", "check_trained",
+                         "metrics_when_already_trained", "summarize"],
+                      (143, SAVED), (130, SAVED)),
+}
+
+
+def test_every_kind_of_process_has_its_procedure_run_here():
+    assert sorted(PROCEDURE_RUNS) == sorted(ROLES)
+
+
+@pytest.mark.parametrize("name", sorted(ROLES))
+def test_a_procedure_from_its_start_to_its_normal_end(name, tmp_path, monkeypatch):
+    code, calls, checkpoints = drive(name, None, tmp_path, monkeypatch)
+    assert (code, calls, checkpoints) == (0, PROCEDURE_RUNS[name][0], [0, LAST_STEP])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("name", sorted(ROLES))
+def test_a_procedure_stopped_by_a_signal_in_training(name, signum, tmp_path, monkeypatch):
+    """SIGTERM: a task that saves finishes its step and saves it, one that votes saves the
+    voted step, the others exit at once; every one exits 143, taking no step after its
+    training. Ctrl-C: a lone process saves as on SIGTERM and exits 130; a cluster task
+    (stopped by its launcher) exits 130 saving nothing."""
+    normal_end, on_sigterm, on_sigint = PROCEDURE_RUNS[name]
+    code, calls, checkpoints = drive(name, signum, tmp_path, monkeypatch)
+    phase = next(i for i, c in enumerate(normal_end) if c.startswith("guarded")) + 2
+    assert calls == normal_end[:phase]
+    assert (code, checkpoints) == (on_sigterm if signum == signal.SIGTERM else on_sigint)

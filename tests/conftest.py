@@ -138,6 +138,7 @@ SLOW = frozenset({
     "test_towers.py::test_per_tower_losses_in_tensorboard_and_reported_mean",
     "test_towers.py::test_tower_step_equals_single_device",
     "test_towers.py::test_unweighted_average_would_fail_the_exactness_test",
+    "test_vocabulary.py::test_a_vocabulary_file_column_and_a_list_column_are_both_known",
     "test_workflow.py::test_best_export_by_accuracy_survives_a_restart",
     "test_workflow.py::test_early_stop_on_plateau_stops_before_target_and_evaluates_at_end",
     "test_workflow.py::test_eval_every_secs",

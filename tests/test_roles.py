@@ -208,8 +208,11 @@ class Script:
                 if script.signum is None or step != SIGNAL_AT:
                     return
                 os.kill(os.getpid(), script.signum)
-                deadline = time.monotonic() + 1.0  # the watcher thread's exit, if any
-                while not script.exits and time.monotonic() < deadline:
+                # A handler that stops training runs before the next line; an exit at once
+                # comes from the signal's watcher thread: wait for either.
+                deadline = time.monotonic() + 5.0
+                while not (script.exits or guard.hook.stop_requested) and \
+                        time.monotonic() < deadline:
                     time.sleep(0.01)
                 if script.exits:
                     raise Exited(script.exits[0])

@@ -76,6 +76,33 @@ def test_checkpoint_saver_hook_state(tmp_path):
         assert internals.global_step_read_tensor() is not None
 
 
+def test_a_raw_session_close_comes_after_every_hooks_end(tmp_path):
+    """The vote's exit (ExitAfterTheVoteHook) relies on MonitoredSession closing the raw
+    session a hook got in after_create_session, once, after every hook's end()."""
+    events = []
+
+    class Hook(tf.compat.v1.train.SessionRunHook):
+        def __init__(self, name):
+            self.name = name
+
+        def after_create_session(self, session, coord):
+            if self.name == "first":
+                internals.before_session_close(session, lambda: events.append("close"))
+
+        def end(self, session):
+            events.append(f"end {self.name}")
+
+    with tf.Graph().as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        increment = tf.compat.v1.assign_add(step, 1)
+        with tf.compat.v1.train.MonitoredTrainingSession(
+                checkpoint_dir=str(tmp_path), hooks=[Hook("first"), Hook("last")],
+                save_summaries_steps=None, save_summaries_secs=None,
+                log_step_count_steps=None) as session:
+            session.run(increment)
+    assert events == ["end first", "end last", "close"]
+
+
 def test_sync_replicas_hook_and_quiet_queue_runner_end():
     with tf.Graph().as_default():
         step = tf.compat.v1.train.get_or_create_global_step()

@@ -324,6 +324,13 @@ def replace_method(obj, name: str, function):
     setattr(obj, name, function)
 
 
+def before_session_close(session, callback):
+    """`callback()` first when MonitoredSession closes this raw session (after every hook's
+    end(), before TensorFlow's teardown: GrpcSession::Close deletes the input's iterator)."""
+    original = session.close
+    replace_method(session, "close", lambda: (callback(), original()))
+
+
 # Keras
 
 

@@ -13,6 +13,7 @@ import socket
 
 from estimator_dist import files
 from estimator_dist.errors import UserError
+from estimator_dist.guards import signals
 
 LOCK_FILE = ".estimator-dist.lock"
 
@@ -39,14 +40,18 @@ def held(model_dir: str):
         named = e if e.filename else OSError(e.errno, e.strerror, path)
         raise files.storage_error(named, f"--model_dir {model_dir}: creating its lock file",
                                   "nothing was written") from None
-    try:
-        yield
-    finally:
+    def release(_error=None):
         # Unlinked before the unlock: a run that opened this file meanwhile finds it gone
         # after its flock (_acquire) and takes a fresh file instead.
         with contextlib.suppress(OSError):
             os.remove(path)
         os.close(fd)
+
+    try:
+        with signals.on_exit_now(release):
+            yield
+    finally:
+        release()
 
 
 def _acquire(path: str, model_dir: str) -> int:

@@ -154,16 +154,38 @@ def raise_on_sigterm(make_error):
         yield
 
 
+# What the `with` blocks around training undo on their way out (the model_dir lock, a
+# worker's shadow dirs, the elastic step file's stop), which os._exit would skip: exit_now
+# calls each with its error, innermost first.
+_ON_EXIT_NOW = []
+
+
+@contextlib.contextmanager
+def on_exit_now(callback):
+    """Inside: exit_now calls `callback(error)` before it exits the process."""
+    _ON_EXIT_NOW.append(callback)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            _ON_EXIT_NOW.remove(callback)
+
+
 def exit_now(error, cleanup=None):
     """One line, then exit with the error's code (Preempted: 143) at once: called from a
     thread (SignalWatch's), so nothing is raised into TensorFlow's C++ (an exception raised
     from a Python signal handler while TF ran a callback surfaced as pybind11's
     "error_already_set: MISMATCH" RuntimeError, exit 1: an evaluator SIGTERMed while it
-    waited for a checkpoint, 5 times in 12)."""
+    waited for a checkpoint, 5 times in 12); or from the main thread when what remains is
+    TensorFlow's teardown (a vote's stop, the checkpoint written). The on_exit_now
+    callbacks run first."""
     error = stop_messages.finished_instead(error)
     try:
         if cleanup:
             cleanup()
+        for callback in reversed(list(_ON_EXIT_NOW)):
+            with contextlib.suppress(Exception):
+                callback(error)
     finally:
         line = f"estimator-dist: {error.label}: {error}\n".encode("utf-8", "replace")
         with contextlib.suppress(OSError):

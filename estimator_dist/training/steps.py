@@ -64,7 +64,7 @@ def owning_model_dir(p: Plan):
     step 0's initial weights. A stop notes its step for an elastic launcher."""
     created = not os.path.exists(p.model_dir)
     try:
-        with model_dir_lock.held(p.model_dir):
+        with model_dir_lock.held(p.model_dir), signals.on_exit_now(noting_the_stop):
             yield
     except (Preempted, Interrupted) as e:
         note_stop(e.step)
@@ -89,13 +89,20 @@ def finishing_with_the_chief(p: Plan):
 
     stop_messages.when_run_finished(finished)
     try:
-        yield
+        with signals.on_exit_now(noting_the_stop):
+            yield
     except (Preempted, Interrupted) as e:
         done = stop_messages.finished_instead(e)
         if done is not e:
             raise done from None
         note_stop(e.step)
         raise
+
+
+def noting_the_stop(error):
+    """A stop's step for an elastic launcher, when a task exits at once (signals.exit_now)."""
+    if isinstance(error, (Preempted, Interrupted)):
+        note_stop(error.step)
 
 
 # -- start-up --------------------------------------------------------------------------
@@ -197,7 +204,8 @@ def shadow_dirs_removed(p: Plan):
 
     remove()
     try:
-        yield
+        with signals.on_exit_now(lambda _error: remove()):
+            yield
     finally:
         remove()
 

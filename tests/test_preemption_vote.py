@@ -17,3 +17,49 @@ def test_votes_come_about_every_vote_every_s_at_the_mean_step_time():
 def test_the_launcher_waits_longer_than_a_task_takes_to_save_and_exit_on_sigterm():
     assert launcher.STOP_GRACE_SECONDS > signals.PEER_DEADLINE_S
     assert signals.PEER_DEADLINE_S > preemption_vote.VOTE_EVERY_S
+
+
+class RawSession:
+    """What ExitAfterTheVoteHook wraps: the raw session's close."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def close(self):
+        self.calls.append("tensorflow's close")
+
+
+def closed_after(stopped_at, monkeypatch, tmp_path, failing=False):
+    """Close a session ExitAfterTheVoteHook saw created; what ran, in order."""
+    calls = []
+    monkeypatch.setattr(signals, "exit_now",
+                        lambda error: calls.append(f"exit {error.exit_code}: {error}"))
+    vote = preemption_vote.VoteHook(workers=2)
+    vote.stopped_at, vote.signalled, vote.signalled_workers = stopped_at, True, 1
+    (tmp_path / "model.ckpt-12.index").write_text("")
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-12"\n')
+    session = RawSession(calls)
+    preemption_vote.ExitAfterTheVoteHook(vote, True, str(tmp_path)).after_create_session(
+        session, None)
+    if not failing:
+        session.close()
+        return calls
+    try:
+        raise OSError("a save that failed on the way out")
+    except OSError:
+        session.close()  # MonitoredSession's close in a finally: the guard says the failure
+    return calls
+
+
+def test_a_vote_stop_exits_before_tensorflows_session_close(monkeypatch, tmp_path):
+    """TensorFlow's close of a GrpcSession waited 8.7 to over 20 s for tf.data's
+    autotuning thread, past the peer deadline: the task exits before it."""
+    calls = closed_after(12, monkeypatch, tmp_path)
+    assert calls[0].startswith("exit 143: SIGTERM at step 12: every worker stopped there "
+                               "(1 got SIGTERM); saved ") and calls[0].count("model.ckpt-12")
+    assert calls[1:] == ["tensorflow's close"]  # only here, where exit_now does not exit
+
+
+def test_other_ends_close_the_session_as_tensorflow_does(monkeypatch, tmp_path):
+    assert closed_after(None, monkeypatch, tmp_path) == ["tensorflow's close"]
+    assert closed_after(12, monkeypatch, tmp_path, failing=True) == ["tensorflow's close"]

@@ -251,6 +251,8 @@ def drive(name, signum, tmp_path, monkeypatch):
 
     monkeypatch.setattr(signals, "exit_now", exit_now)
     monkeypatch.setattr(procedures, "steps", Script(steps, str(tmp_path / "run"), signum, exits))
+    # Ctrl-C as in the CLI's process: KeyboardInterrupt (a pytest-xdist worker ignores SIGINT)
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     strategy = {"local": "none", "ps": "parameter_server", "horovod": "horovod"}.get(
         name.split()[0], "multi_worker_mirrored")
     p = types.SimpleNamespace(role=role, model_dir=str(tmp_path / "run"),
@@ -266,6 +268,7 @@ def drive(name, signum, tmp_path, monkeypatch):
     except KeyboardInterrupt:
         code = errors.EXIT_INTERRUPTED  # cli.main: "interrupted", exit 130
     finally:
+        signal.signal(signal.SIGINT, previous_sigint)
         for guard in procedures.steps.guards:  # a cluster task's 20 s deadline after SIGTERM
             if guard._deadline:  # pylint: disable=protected-access
                 guard._deadline.cancel()  # pylint: disable=protected-access

@@ -79,7 +79,7 @@ def test_checkpoint_saver_hook_state(tmp_path):
 def test_a_raw_session_close_comes_after_every_hooks_end(tmp_path):
     """The vote's exit (ExitAfterTheVoteHook) relies on MonitoredSession closing the raw
     session a hook got in after_create_session, once, after every hook's end()."""
-    events = []
+    events, raw = [], []
 
     class Hook(tf.compat.v1.train.SessionRunHook):
         def __init__(self, name):
@@ -87,6 +87,7 @@ def test_a_raw_session_close_comes_after_every_hooks_end(tmp_path):
 
         def after_create_session(self, session, coord):
             if self.name == "first":
+                raw.append(session)
                 internals.before_session_close(session, lambda: events.append("close"))
 
         def end(self, session):
@@ -100,6 +101,8 @@ def test_a_raw_session_close_comes_after_every_hooks_end(tmp_path):
                 save_summaries_steps=None, save_summaries_secs=None,
                 log_step_count_steps=None) as session:
             session.run(increment)
+    assert events == ["end first", "end last", "close"]
+    raw[0].close()  # a later close (Session.__del__): TensorFlow's alone
     assert events == ["end first", "end last", "close"]
 
 

@@ -290,8 +290,7 @@ def onednn_enabled() -> bool:
 
 def set_steps_per_run(hook, steps: int):
     """A CheckpointSaverHook's trust in the global step fetched with the train op."""
-    _attr(hook, "_set_steps_per_run", "to save checkpoints without a session run per step")(
-        steps)
+    _attr(hook, "_set_steps_per_run", "to save checkpoints without a run per step")(steps)
 
 
 def checkpoint_saver_after_create_session(hook, session, write_graph_text):
@@ -325,10 +324,11 @@ def replace_method(obj, name: str, function):
 
 
 def before_session_close(session, callback):
-    """`callback()` first when MonitoredSession closes this raw session (after every hook's
-    end(), before TensorFlow's teardown: GrpcSession::Close deletes the input's iterator)."""
+    """`callback()` first when MonitoredSession closes this raw session, after every hook's
+    end(), before TensorFlow's teardown; once (a later close, e.g. Session.__del__, is not)."""
     original = session.close
-    replace_method(session, "close", lambda: (callback(), original()))
+    replace_method(session, "close", lambda: (
+        replace_method(session, "close", original), callback(), original()))
 
 
 # Keras

@@ -189,9 +189,11 @@ class TrainingGuard:
         self._deadline, self._deadline_lock = None, threading.Lock()
 
     def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:
-        hooks = (self.hook,) + tuple(h for h in (self.vote, self.stall) if h) + \
-            ((preemption_vote.ExitAfterTheVoteHook(self.vote, self.role.names_checkpoint_on_vote,
-                                                  self.model_dir),) if self.vote else ())
+        # The vote's exit acts at the session's close, after every hook's end(): any place
+        # will do but the last, which is the StallHook's.
+        exit_after_vote = preemption_vote.ExitAfterTheVoteHook(
+            self.vote, self.role.names_checkpoint_on_vote, self.model_dir) if self.vote else None
+        hooks = (self.hook,) + tuple(h for h in (self.vote, exit_after_vote, self.stall) if h)
         first = (self.stall.ended,) if self.stall else ()  # StallHook times the run alone
         return tf.estimator.TrainSpec(train_spec.input_fn, train_spec.max_steps,
                                       first + tuple(train_spec.hooks) + hooks,

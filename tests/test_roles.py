@@ -94,7 +94,6 @@ def test_launcher_task_kinds():
     assert [n for n, k in kinds.items() if k.trains] == ["chief:0", "worker:1"]
     assert [n for n, k in kinds.items() if not k.listens] == ["evaluator:0"]
     assert [n for n, k in kinds.items() if k.serves_forever] == ["ps:0"]
-    assert [n for n, k in kinds.items() if k.ends_before_chief] == ["worker:1", "evaluator:0"]
     assert role_lib.kind_of_rank(0) == "chief" and role_lib.kind_of_rank(3) == "worker"
 
 

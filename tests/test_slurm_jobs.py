@@ -118,9 +118,28 @@ def _wait_for_text(path, pattern, seconds):
                          + (path.read_text() if path.exists() else "(no file)"))
 
 
+def _start_when_requeued(job, seconds):
+    """Slurm holds a requeued job about 120 s (pending, Reason=BeginTime): start it now, once
+    it is pending on that hold, whatever it waits for first (its own end, another job's CPUs);
+    return when it runs again, its state in the error if it does not."""
+    deadline, shown = time.monotonic() + seconds, ""
+    while time.monotonic() < deadline:
+        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True,
+                               timeout=30).stdout
+        state = re.search(r"JobState=(\S+) Reason=(\S+)", shown)
+        restarts = re.search(r"Restarts=(\d+)", shown)
+        if state and restarts and int(restarts.group(1)) >= 1 and state.group(1) != "PENDING":
+            return
+        if state and state.group(1) == "PENDING" and state.group(2) == "BeginTime":
+            subprocess.run(["scontrol", "update", f"jobid={job}", "starttime=now"],
+                           capture_output=True, timeout=30)
+        time.sleep(1)
+    raise AssertionError(f"job {job} did not run again within {seconds} s:\n{shown}")
+
+
 # Slurm's signal comes 150-180 s into the job (its checks run every ~30 s): a task took up to
 # 100 s to start on the loaded 2-core machine, the requeued one must print its resume first.
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_sbatch_job_is_requeued_before_its_time_limit_and_resumes_at_the_saved_step(
         slurm_job, tmp_path):
     """`estimator-dist sbatch --time 5 --signal_before 150 ...` then `sbatch FILE`: Slurm's own
@@ -140,14 +159,8 @@ def test_sbatch_job_is_requeued_before_its_time_limit_and_resumes_at_the_saved_s
     out = tmp_path / f"slurm-{job}.out"
     saved = _wait_for_text(out, r"SIGUSR1 at step (\d+): saved", 300)
     _wait_for_text(out, r"exit code 143 \(retryable\): requeued", 60)
-    # Slurm holds a requeued job about 120 s (its BeginTime); the test starts it now.
-    for _ in range(30):
-        held = subprocess.run(["scontrol", "update", f"jobid={job}", "starttime=now"],
-                              capture_output=True, text=True, timeout=30)
-        if held.returncode == 0:
-            break
-        time.sleep(1)
-    resumed = _wait_for_text(out, r"resuming from the checkpoint at step (\d+)", 200)
+    _start_when_requeued(job, 300)
+    resumed = _wait_for_text(out, r"resuming from the checkpoint at step (\d+)", 300)
     text = out.read_text()
     assert "restart 1 of at most 3" in text, text
     assert int(saved.group(1)) > 0 and resumed.group(1) == saved.group(1), text

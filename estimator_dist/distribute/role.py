@@ -35,15 +35,14 @@ class TaskTraits:
     trains: bool = False  # takes training steps (and gets the training GPUs)
     listens: bool = True  # has a port in TF_CONFIG's cluster (the evaluator has none)
     serves_forever: bool = False  # a ps: never exits by itself; stopped after the others
-    ends_before_chief: bool = False  # exit 0 means its part is done (a worker, the evaluator)
     evaluates: bool = False  # the chief's end waits for its final evaluation and export
 
 
 TASK_TRAITS = {
     CHIEF: TaskTraits(chief=True, trains=True),
-    WORKER: TaskTraits(trains=True, ends_before_chief=True),
+    WORKER: TaskTraits(trains=True),
     PS: TaskTraits(serves_forever=True),
-    EVALUATOR: TaskTraits(listens=False, ends_before_chief=True, evaluates=True),
+    EVALUATOR: TaskTraits(listens=False, evaluates=True),
 }
 
 

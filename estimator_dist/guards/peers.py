@@ -43,6 +43,9 @@ PEER_ERRORS = (tf.errors.CancelledError, tf.errors.UnavailableError, tf.errors.A
 # A worker recreated alone meets its group's leader, which still knows its old self:
 # FailedPreconditionError "... current incarnation doesn't match with one in the group".
 INCARNATION = "incarnation"
+# What a Horovod rank's collective fails with once another rank has ended (preempted,
+# crashed or failed): Horovod's own message (its SHUT_DOWN_ERROR), an UnknownError.
+HOROVOD_SHUT_DOWN = "Horovod has been shut down"
 
 
 def is_peer_error(error: BaseException) -> bool:
@@ -53,8 +56,14 @@ def is_peer_error(error: BaseException) -> bool:
         INCARNATION in (getattr(error, "message", None) or str(error))
 
 
+def is_horovod_shut_down(error: BaseException) -> bool:
+    """A Horovod step that failed because another rank ended: that rank's exit says why."""
+    return isinstance(error, tf.errors.OpError) and \
+        HOROVOD_SHUT_DOWN in (getattr(error, "message", None) or str(error))
+
+
 class PeerLost(ReportedError):
-    """A multi_worker_mirrored peer is gone: retryable."""
+    """A multi_worker_mirrored peer or another Horovod rank is gone: retryable."""
 
     exit_code = EXIT_PEER_LOST
 
@@ -67,6 +76,11 @@ def _resume(latest) -> str:
 def peer_failed(error: tf.errors.OpError, step, latest) -> PeerLost:
     return PeerLost(f"training stopped at step {step}: a peer worker went away or was restarted "
                     f"({op_error_line(error)}; {type(error).__name__}); {_resume(latest)}")
+
+
+def rank_ended(step, latest) -> PeerLost:
+    return PeerLost(f"training stopped at step {step}: another Horovod rank ended "
+                    f"({HOROVOD_SHUT_DOWN}; its own line says why); {_resume(latest)}")
 
 
 class _StepEnded(tf.compat.v1.train.SessionRunHook):

@@ -18,6 +18,9 @@ Under parameter-server training a dead worker or evaluator is restarted alone
 (the others carry on); a dead ps loses the variables it holds, and under
 multi_worker_mirrored a dead peer hangs the others forever, so in those cases the
 whole cluster is stopped and started again, resuming from the last checkpoint.
+A task that exits 144 (a peer is gone) only reports another task's end: the launcher
+waits PEER_LOST_SETTLE_SECONDS for that task's own exit code (a preempted rank 0's 143,
+or a permanent failure that must stop the cluster) and acts on it instead.
 """
 import ctypes
 import os
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from estimator_dist import timers
+from estimator_dist.errors import EXIT_PEER_LOST
 from estimator_dist.launch import layout
 from estimator_dist.launch.ports import LOOPBACK, free_ports, release_ports  # noqa: F401
 from estimator_dist.distribute import role as role_lib
@@ -40,6 +44,9 @@ EXIT_CLUSTER_FAILED = 3
 # SIGTERM takes to save and exit by itself (signals.PEER_DEADLINE_S, 20 s).
 STOP_GRACE_SECONDS = 25.0  # timers.py: stop_grace_s
 POLL_SECONDS = 0.2
+# A task's 144 says a peer ended: how long the launcher waits for that peer's own exit code.
+# Horovod rank 0, preempted, exits 143 a moment after its peers saw Horovod shut down.
+PEER_LOST_SETTLE_SECONDS = 10.0
 
 
 def permanent(code: int) -> bool:
@@ -78,6 +85,7 @@ class Task:
     ready: Optional[Callable[[], bool]] = field(default=None, repr=False)
     kind: str = ""  # chief, worker, ps or evaluator; "": its name's (layout.kind_of)
     last_line: str = ""  # its last line of output: said when it fails permanently
+    lost_at: Optional[float] = None  # when the launcher saw it exit 144 (a peer is gone)
 
     def __post_init__(self):
         self.kind = self.kind or layout.kind_of(self.name)
@@ -162,7 +170,7 @@ class Supervisor:
         task.process = subprocess.Popen(task.argv, env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=lambda: die_with_parent(parent))
-        task.started_at = time.monotonic()
+        task.started_at, task.lost_at = time.monotonic(), None
         task.up = (task.port is None and task.ready is None) or not task.traits.listens
         task.reader = threading.Thread(target=self._pump, args=(task, task.process.stdout), daemon=True)
         task.reader.start()
@@ -292,34 +300,43 @@ class Supervisor:
             self.stop_all()
             release_tasks_ports(self.tasks)
 
+    def _next_exit(self):
+        """(task, exit code) the launcher acts on now, or None. A 144 (a peer is gone) waits
+        PEER_LOST_SETTLE_SECONDS for the exit it reports while other tasks still train."""
+        now, lost = time.monotonic(), None
+        for task in self.tasks:
+            code = task.process.poll()
+            if code is None:
+                self._check_startup(task)
+            elif code == EXIT_PEER_LOST:
+                task.lost_at = task.lost_at or now
+                lost = task if lost is None or task.lost_at < lost.lost_at else lost
+            elif code != 0 or task.traits.chief:  # a worker's 0: done, the chief ends the run
+                return task, code
+        if lost is None:
+            return None
+        training = [t for t in self.tasks if t.traits.trains and t.process.poll() is None]
+        if training and now - lost.lost_at < PEER_LOST_SETTLE_SECONDS:
+            return None
+        return lost, EXIT_PEER_LOST
+
     def _run(self) -> int:
         for task in self.tasks:
             self.start(task)
         try:
             while True:
                 time.sleep(POLL_SECONDS)
-                for task in list(self.tasks):
-                    code = task.process.poll()
-                    if code is None:
-                        self._check_startup(task)
-                        continue
-                    if task.traits.chief:
-                        if code == 0:
-                            return self._finish(task)
-                        if permanent(code):
-                            return self._failed(task, code)
-                        self._restart(task, code)
-                        break
-                    if code == 0 and task.traits.ends_before_chief:
-                        continue  # finished its part
-                    if permanent(code):
-                        return self._failed(task, code)
-                    if code != 0:
-                        self._restart(task, code)
-                        break
-                else:
+                exited = self._next_exit()
+                if exited is None:
                     if self.watch:  # after the exits: a chief that finished ends the run
                         self.watch()
+                    continue
+                task, code = exited
+                if task.traits.chief and code == 0:
+                    return self._finish(task)
+                if permanent(code):
+                    return self._failed(task, code)
+                self._restart(task, code)
         except Reform as e:
             self.say(f"{e.reason}: stopping every task at its next step to re-form")
             raise

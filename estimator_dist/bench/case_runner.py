@@ -21,7 +21,12 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+from estimator_dist.bench import step_split
+
 STOP_TIMEOUT_S = 20.0
+# The drivers whose steps are Estimator session runs, traced for the per-step split of
+# their multi-process cases (step_split.py).
+TRACED_DRIVERS = ("project", "plain", "comm")
 ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 ONEDNN_DEFAULT = "1"  # what cli.main sets unless the environment says otherwise
 
@@ -93,6 +98,8 @@ class CaseRun:
         self.error = ""
         self.ready: Dict = {}
         self.bursts: List[Dict] = []  # the chief's burst reports
+        self.shares: Dict = {}  # the chief's traced shares of input and communication
+        self.split_error = ""  # why the traced steps failed (the processes were stopped)
         self.peak_rss_mb = float("nan")
 
     @property
@@ -162,6 +169,8 @@ class CaseRun:
                                       for b in self.bursts],
             "first_step_seconds": self.ready["first_step_seconds"],
             "onednn": self.ready.get("onednn"),
+            "step_split": step_split.split(
+                steps, [r for b in self.bursts for r in b.get("run_seconds", ())], self.shares),
         }
 
 
@@ -185,6 +194,9 @@ class Runner:
             for run in order:
                 if run.ok:
                     self._burst(run)
+        for run in runs:  # after the measured bursts: tracing slows the steps
+            if run.ok and run.case.workers > 1 and run.case.driver in TRACED_DRIVERS:
+                self._trace(run)
         for run in runs:
             if run.ok:
                 run.stop()
@@ -213,17 +225,27 @@ class Runner:
                 run.ready = message
         return run
 
-    def _burst(self, run: CaseRun):
-        steps = self.settings[run.case.model].burst_steps
+    def _trace(self, run: CaseRun):
+        """The traced steps of the per-step split. If they fail, the case's processes are
+        stopped but what its bursts measured stands: only the split is missing."""
+        self._burst(run, trace=True)
+        run.split_error, run.error = run.error, ""
+
+    def _burst(self, run: CaseRun, trace: bool = False):
+        """A measured burst, or with `trace` the traced steps of the per-step split."""
+        steps = step_split.TRACED_STEPS if trace else self.settings[run.case.model].burst_steps
         for channel in run.channels:
-            channel.send(f"run {steps}")
+            channel.send(f"{'trace' if trace else 'run'} {steps}")
         deadline = time.monotonic() + self.options.case_timeout
+        what = "the traced steps" if trace else f"burst {len(run.bursts) + 1}"
         for worker in range(run.case.workers):
-            message = self._receive(run, worker, deadline, f"burst {len(run.bursts) + 1}")
+            message = self._receive(run, worker, deadline, what)
             if message is None:
                 return
             run.note_rss(message)
-            if worker == 0:
+            if worker == 0 and trace:
+                run.shares = message.get("shares") or {}
+            elif worker == 0:
                 run.bursts.append(message)
 
     @staticmethod

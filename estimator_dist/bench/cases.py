@@ -34,6 +34,7 @@ from typing import Tuple
 
 import tensorflow as tf
 
+from estimator_dist.bench import step_split
 from estimator_dist.compat import internals
 from estimator_dist.serving.heads import classification_spec
 from estimator_dist.training.registry import register_input, register_model
@@ -134,9 +135,11 @@ class Clock:
 
     After the warm-up the process reports "ready" and waits at the gate; "run K" lets
     K steps through and reports their times: the K - 1 gaps between their ends (the
-    first step of a burst, which wakes an idle process up, is not measured) and the
-    process CPU time over the burst. "quit" leaves at once (`os._exit`): the final
-    checkpoint, evaluation and export are not what is measured.
+    first step of a burst, which wakes an idle process up, is not measured), the same
+    steps' session runs, and the process CPU time over the burst. "trace K" runs K steps
+    traced and reports their shares of input and communication (step_split.py). "quit"
+    leaves at once (`os._exit`): the final checkpoint, evaluation and export are not what
+    is measured.
     """
 
     def __init__(self, spec, gate: Gate):
@@ -146,20 +149,28 @@ class Clock:
         self.first_step_seconds = float("nan")
         self.left = 0
         self.ends = []
+        self.runs = []  # each step's session run, seconds (NaN from a driver without)
+        self.tracing = False
+        self.traced = []  # each traced step's shares (step_split.shares)
         self.cpu_start = 0.0
         self.cpu_reported = 0.0
 
-    def step_done(self):
+    def step_done(self, run_seconds: float = float("nan"), run_metadata=None):
         now = time.monotonic()
         self.count += 1
         if self.count == 1:
             self.first_step_seconds = now - self.spec["t0"]
         if self.left:
             self.ends.append(now)
+            self.runs.append(run_seconds)
+            if self.tracing:
+                self.traced.append(None if run_metadata is None else
+                                   step_split.shares(run_metadata.step_stats))
             self.left -= 1
             if self.left:
                 return
-            self.gate.report(self.burst_report(time.process_time()))
+            self.gate.report({"event": "trace", "shares": step_split.trace_summary(self.traced)}
+                             if self.tracing else self.burst_report(time.process_time()))
         elif self.count < self.spec["warmup"]:
             return
         else:
@@ -171,13 +182,15 @@ class Clock:
     def burst_report(self, cpu_end: float):
         return {"event": "burst", "steps": len(self.ends),
                 "step_seconds": [b - a for a, b in zip(self.ends, self.ends[1:])],
+                "run_seconds": self.runs[1:],
                 "cpu_seconds": cpu_end - self.cpu_start, "rss_mb": peak_rss_mb()}
 
     def wait(self):
         command = self.gate.command()
-        if command.startswith("run "):
+        if command.startswith(("run ", "trace ")):
             self.left = int(command.split()[1])
-            self.ends = []
+            self.tracing = command.startswith("trace ")
+            self.ends, self.runs, self.traced = [], [], []
             # An input pipeline alone refills its buffers at the gate: its burst's CPU time
             # counts from the last report, so that it includes the work of every batch taken.
             self.cpu_start = self.cpu_reported if self.spec.get("cpu_from_report") else \
@@ -193,11 +206,23 @@ def peak_rss_mb() -> float:
 
 
 class ClockHook(tf.compat.v1.train.SessionRunHook):
+    """Times each session run for the clock; traces it when the clock is tracing."""
+
     def __init__(self, clock: Clock):
         self._clock = clock
+        self._started = 0.0
+
+    def before_run(self, run_context):
+        self._started = time.monotonic()
+        if not self._clock.tracing:
+            return None
+        v1 = tf.compat.v1
+        return v1.train.SessionRunArgs(None, options=v1.RunOptions(
+            trace_level=v1.RunOptions.FULL_TRACE))
 
     def after_run(self, run_context, run_values):
-        self._clock.step_done()
+        self._clock.step_done(time.monotonic() - self._started,
+                              run_values.run_metadata if self._clock.tracing else None)
 
 
 class ClockCallback(tf.keras.callbacks.Callback):

@@ -28,6 +28,7 @@ import numpy as np
 
 from estimator_dist import files
 from estimator_dist.bench import case_runner as bench_runner
+from estimator_dist.bench import step_split
 from estimator_dist.distribute import specs
 from estimator_dist.bench.plan import COMPUTE_FLAGS, Case, IMAGENET_PARTS, Options, PIPELINE_DRIVERS, PROCESS_STRATEGIES, QUICK_SETTINGS, SETTINGS, check_options, schedule
 from estimator_dist.bench.results import format_table, format_targets, make_rows, measurement, target_rows, write_csv, write_plot, write_targets_csv
@@ -226,6 +227,16 @@ def run(options: Options) -> int:
                 f"{machine_line()} at the end, {elapsed / 60:.1f} min")
     say("")
     say(format_table(rows, settings))
+    split = step_split.format_split([
+        (settings[m.case.model].title, m.case.name + (f" (round {m.round + 1})" if options.rounds > 1
+                                                      else ""), m.step_split)
+        for m in measurements if m.ok])
+    if split:
+        say("")
+        say(split)
+    for m in measurements:
+        if m.split_error:
+            say(f"{m.case.key}: no per-step split: its traced steps failed ({m.split_error})")
     say("")
     say(format_targets(targets))
     files.write_file(os.path.join(out, "bench.csv"), lambda tmp: write_csv(tmp, rows, settings))
@@ -243,7 +254,8 @@ def run(options: Options) -> int:
                              "first_step_seconds": m.first_step_seconds,
                              "peak_rss_mb": m.peak_rss_mb, "cpu_ms_per_step": m.cpu_ms_per_step,
                              "burst_cpu_ms_per_step": m.burst_cpu_ms_per_step,
-                             "onednn": m.onednn, "wall_seconds": m.wall_seconds,
+                             "onednn": m.onednn, "step_split": m.step_split,
+                             "wall_seconds": m.wall_seconds,
                              "error": m.error} for m in measurements],
                    "targets": targets}, indent=2))
     png = os.path.join(out, "bench.png")

@@ -27,6 +27,8 @@ class Measurement:
     cpu_ms_per_step: float = float("nan")
     burst_cpu_ms_per_step: List[float] = field(default_factory=list)  # each burst's
     onednn: Optional[bool] = None
+    step_split: Dict[str, float] = field(default_factory=dict)  # step_split.split, ms
+    split_error: str = ""  # why a multi-process case has no per-step split
     wall_seconds: float = 0.0
     error: str = ""
     log: str = ""
@@ -39,7 +41,7 @@ def measurement(run: "bench_runner.CaseRun") -> Measurement:
         return Measurement(run.case, run.round, ok=False, wall_seconds=wall, log=run.log_path,
                            error=run.error)
     return Measurement(run.case, run.round, ok=True, wall_seconds=wall, log=run.log_path,
-                       peak_rss_mb=run.peak_rss_mb, **run.figures())
+                       peak_rss_mb=run.peak_rss_mb, split_error=run.split_error, **run.figures())
 
 
 def _median(values):

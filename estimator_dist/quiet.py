@@ -18,6 +18,9 @@ def configure(verbose: bool):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
     else:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+        # Horovod's C++ log (read at hvd.init): its errors reach us as the ops' errors; a
+        # rank that saw its peer leave printed "Horovod background loop uncaught exception".
+        os.environ.setdefault("HOROVOD_LOG_LEVEL", "fatal")
         warnings.filterwarnings("ignore", category=UserWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=FutureWarning)

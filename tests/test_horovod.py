@@ -27,7 +27,6 @@ from estimator_dist.training import plan as plan_lib
 from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
 from support import REPO, Run, alive, checkpoint_steps, wait_for
-from test_cluster import preempt_and_resume
 
 import horovod_inputs  # noqa: F401 - registers tiny_stream, uneven, crash_once
 
@@ -182,21 +181,37 @@ def test_early_stop_is_rank_0s_decision_and_every_rank_stops_with_it(ranks_env, 
 
 
 @needs_horovod
-def test_sigterm_to_rank_0_saves_a_final_checkpoint(ranks_env, tmp_path):
-    """Rank 0 writes the checkpoints and saves alone: on SIGTERM it finishes its step, saves
-    and exits 143 (then the launcher restarts the ranks, which resume from it). Then SIGTERM
-    to the launcher stops every rank, exit 143."""
+def test_sigterm_to_any_rank_stops_every_rank_at_one_step_and_rank_0_saves_it(ranks_env, tmp_path):
+    """SIGTERM to rank 1 (a scheduler taking one node): every rank stops after the same step,
+    voted inside the step's all-reduce; rank 0 saves it, every rank exits 143, the launcher
+    restarts them and they resume from it. Then SIGTERM to the launcher (the whole job
+    preempted) saves the step the ranks stop at too: a rank > 0 used to leave at once, rank
+    0's step in flight failed and nothing was saved; and a rank 0 that saved alone made rank
+    1's step fail (Horovod shut down), whose exit 1 stopped the cluster when seen first."""
     model_dir = tmp_path / "run"
     run = launch(model_dir, "--input", "tiny_stream", "--train_steps", 10 ** 7,
                  "--save_checkpoints_steps", 10 ** 6, "--max_restarts", 1)
+    saved_line = (r"^\[rank:0\] estimator-dist: preempted: SIGTERM{} at step (\d+): every worker "
+                  r"stopped there \(\d got SIGTERM\); saved (\S+)/model\.ckpt-(\d+); exit code 143 "
+                  r"\(retryable\)")
     try:
-        _, resumed = preempt_and_resume(run, "rank:0", model_dir)
+        wait_for(run, r"^\[rank:0\] step \d+/")
+        os.kill(run.pid_of("rank:1"), signal.SIGTERM)
+        saved, _ = wait_for(run, saved_line.format(" to another worker"))
+        step = int(saved.group(1))
+        assert saved.group(2) == str(model_dir) and int(saved.group(3)) == step > 0
+        assert step in checkpoint_steps(model_dir)
+        _, resumed = wait_for(run, rf"^\[rank:0\] resuming from the checkpoint at step {step} in ")
         wait_for(run, r"^\[rank:0\] step \d+/", start=resumed)
         pids = [run.pid_of("rank:0"), run.pid_of("rank:1")]  # the restarted ones
         assert all(pids) and all(alive(p) for p in pids), run.text
         run.proc.send_signal(signal.SIGTERM)
         assert run.wait() == 143, run.text
         assert not [p for p in pids if alive(p)], run.text  # waited for by the launcher
+        final, _ = wait_for(run, saved_line.format("(?: to another worker)?"), start=resumed)
+        assert int(final.group(1)) > step and int(final.group(1)) in checkpoint_steps(model_dir)
+        assert "a permanent failure" not in run.text and "shut down" not in run.text, run.text
+        assert "uncaught exception" not in run.text, run.text  # Horovod's C++ log: --verbose only
     finally:
         if run.proc.poll() is None:
             run.proc.send_signal(signal.SIGTERM)

@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
 import types
 
@@ -19,6 +20,7 @@ from estimator_dist.distribute import role as role_lib
 from estimator_dist.distribute.role import Role
 from estimator_dist.guards import stop_messages
 from estimator_dist.launch import layout
+from estimator_dist.training import horovod_train
 
 
 def cluster(task, workers=2, ps=0, evaluator=False):
@@ -130,8 +132,9 @@ def test_the_shadow_dirs_each_task_removes():
 SIGNAL_AT, LAST_STEP = 3, 30
 
 
-class Exited(Exception):
-    """What signals.exit_now and the peer deadline would have done: os._exit(code)."""
+class Exited(BaseException):
+    """What signals.exit_now and the peer deadline would have done: os._exit(code). Not an
+    Exception: TensorFlow's session close swallows those, never os._exit."""
 
     def __init__(self, code):
         super().__init__(code)
@@ -176,13 +179,16 @@ class Script:
         self.calls.append("estimator_for")
         yield None
 
-    def training(self, *args, **kwargs):
+    def training(self, p, *args, **kwargs):
         self.calls.append("training")
-        return types.SimpleNamespace(hooks=[], train_spec=None, eval_spec=None)
+        # Horovod's stop-together hook, real: its vote is a one-rank all-reduce here (_train)
+        vote = horovod_train.StopTogetherHook() if p.role.horovod else None
+        return types.SimpleNamespace(hooks=[vote] if vote else [], train_spec=None,
+                                     eval_spec=None, horovod_vote=vote)
 
-    def guarded(self, p, sigterm, sigint=None):
+    def guarded(self, p, sigterm, sigint=None, vote=None):
         self.calls.append(f"guarded(sigterm={sigterm}, sigint={sigint})")
-        guard = self.real.guarded(p, sigterm, sigint)
+        guard = self.real.guarded(p, sigterm, sigint, vote)
         self.guards.append(guard)
         return guard
 
@@ -225,7 +231,12 @@ class Script:
             # Estimator's saver, in the collection the guard's final save takes it from
             tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS,
                                            tf.compat.v1.train.Saver(sharded=True))
-            hooks = list(guard.attach(spec).hooks) + [
+            horovod = [h for h in (guard.vote,) if isinstance(h, horovod_train.StopTogetherHook)]
+            if horovod:  # what minimize() builds, the all-reduce of one rank being identity
+                request = tf.compat.v1.placeholder_with_default(0.0, [])
+                tf.compat.v1.add_to_collection(horovod_train.VOTES, tf.stack([0.0, request]))
+                tf.compat.v1.add_to_collection(horovod_train.STOP_REQUEST, request)
+            hooks = horovod + list(guard.attach(spec).hooks) + [
                 SignalAt(), tf.compat.v1.train.StopAtStepHook(last_step=LAST_STEP)]
             with tf.compat.v1.train.MonitoredTrainingSession(
                     checkpoint_dir=self.model_dir, hooks=hooks, save_summaries_steps=None,
@@ -243,10 +254,12 @@ def drive(name, signum, tmp_path, monkeypatch):
     role = ROLES[name]
     exits = []
 
-    def exit_now(error, cleanup=None):  # from the watcher thread: record, never os._exit
+    def exit_now(error, cleanup=None):  # record, never os._exit
         if cleanup:
             cleanup()
         exits.append(stop_messages.finished_instead(error).exit_code)
+        if threading.current_thread() is threading.main_thread():
+            raise Exited(exits[-1])  # the vote's exit at the session's close: nothing follows
 
     monkeypatch.setattr(signals, "exit_now", exit_now)
     monkeypatch.setattr(procedures, "steps", Script(steps, str(tmp_path / "run"), signum, exits))
@@ -307,14 +320,15 @@ PROCEDURE_RUNS = {
                    "guarded(sigterm=exit, sigint=None)", "evaluate_each_checkpoint",
                    "final_eval_metrics", "summarize"],
                   (143, NOTHING), (130, NOTHING)),
+    # Horovod's vote rides on the next step's all-reduce: every rank stops after step 4
     "horovod rank 0": (["set_tf_config", "owning_model_dir"] + START[1:]
-                       + ["guarded(sigterm=save, sigint=None)", "train_and_evaluate",
+                       + ["guarded(sigterm=vote, sigint=None)", "train_and_evaluate",
                           "export_after_early_stop", "metrics_when_already_trained",
                           "summarize"],
                        (143, SAVED), (130, NOTHING)),
-    "horovod rank 1": (START + ["guarded(sigterm=exit, sigint=None)", "train_only",
+    "horovod rank 1": (START + ["guarded(sigterm=vote, sigint=None)", "train_only",
                                 "summarize"],
-                       (143, NOTHING), (130, NOTHING)),
+                       (143, SAVED), (130, NOTHING)),
     "horovod alone": (["set_tf_config", "owning_model_dir"] + START[1:]
                       + ["guarded(sigterm=save, sigint=save)", "train_and_evaluate",
                          "export_after_early_stop", "check_trained",

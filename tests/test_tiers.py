@@ -18,7 +18,7 @@ def function(module, name):
     ("test_cli", "test_console_script_exit_code_and_no_traceback"),  # conftest.run_cli
     ("test_cluster", "test_early_stop_in_a_cluster_stops_every_task_and_exports"),  # support.Run
     ("test_workflow", "test_progress_bar_on_a_terminal"),  # conftest.run_on_a_terminal: a pty
-    ("test_horovod", "test_sigterm_to_rank_0_saves_a_final_checkpoint"),  # launch() -> support.Run
+    ("test_horovod", "test_sigterm_to_any_rank_stops_every_rank_at_one_step_and_rank_0_saves_it"),  # launch() -> support.Run
     ("test_sync_replicas", "test_it_trains_in_one_local_process_quietly"),  # support.Run
 ])
 def test_a_test_that_starts_a_process_is_a_process_test(module, name):

@@ -134,9 +134,11 @@ class ExitAfterTheVoteHook(tf.compat.v1.train.SessionRunHook):
         self._vote, self._names_checkpoint, self._model_dir = vote, names_checkpoint, model_dir
 
     def after_create_session(self, session, coord):
-        internals.before_session_close(session, self._exit_after_the_vote)
+        internals.before_session_close(session, self.exit_if_voted)
 
-    def _exit_after_the_vote(self):
+    def exit_if_voted(self):
+        """Exit 143 if a vote stopped training (its step saved by then: the savers' end()
+        ran); also from an evaluation that the final save started (EvaluationStopHook)."""
         if self._vote.stopped_at is None or sys.exc_info()[0] is not None:
             return  # not a vote's stop, or a failure on its way out: the guard says it
         for stream in (sys.stdout, sys.stderr):

@@ -127,11 +127,16 @@ class EvaluationStopHook(tf.compat.v1.train.SessionRunHook):
     training (the final one, an evaluator task) never see a stop request here.
     """
 
-    def __init__(self, guard_hook: GuardHook, model_dir: str):
+    def __init__(self, guard_hook: GuardHook, model_dir: str, exit_after_vote=None):
         self._guard = guard_hook
         self._model_dir = model_dir
+        self._exit_after_vote = exit_after_vote
 
     def before_run(self, run_context):
+        if self._exit_after_vote is not None:
+            # The voted step is saved and its save started this evaluation: exit 143 now,
+            # the preemption's time is not the evaluation's.
+            self._exit_after_vote.exit_if_voted()
         if self._guard.stop_requested and self._guard.active:
             self._guard.active = False
             raise stop_messages.preempted_during_evaluation(
@@ -153,11 +158,12 @@ class TrainingGuard:
 
     role: this process's Role (roles.py), which says how it stops. A local run handles
     SIGTERM (a final checkpoint, exit 143), and so does a cluster's chief when it saves
-    alone (parameter servers, Horovod), within a deadline, as its step waits for peers
+    alone (parameter servers), within a deadline, as its step waits for peers
     that may be stopping too (signals.py). Under multi_worker_mirrored every worker
     takes part in a save (StrategySpec.every_worker_saves), so there every worker
     handles SIGTERM: the workers vote to stop at one
-    step, save together and exit 143 (preemption_vote.py), within the same deadline.
+    step, save together and exit 143 (preemption_vote.py), within the same deadline; so
+    do Horovod's ranks, with the vote their gradient all-reduce carries (`vote`).
     The evaluator, ps tasks and the workers of parameter-server training write no
     checkpoint: they exit 143 at once with one line (the evaluator removing an export it
     was writing), from the signal's watcher thread (signals.exit_now). After a failure
@@ -166,16 +172,24 @@ class TrainingGuard:
     """
 
     def __init__(self, model_dir: str, runs_per_step: int = 1, role: Optional[Role] = None,
-                 sigterm: str = SAVE, sigint: Optional[str] = SAVE):
+                 sigterm: str = SAVE, sigint: Optional[str] = SAVE, vote=None):
+        """vote: under VOTE, a hook of the training's own that votes inside its step (Horovod's
+        StopTogetherHook: `signalled`, `stopped_at`, `signalled_workers`); by default
+        preemption_vote.VoteHook, added to the hooks here."""
         self.model_dir = model_dir
         self.role = role = role or Role.local()
         if sigterm not in SIGTERM_REACTIONS or sigint not in (SAVE, None):
             raise ValueError(f"sigterm {sigterm!r}, sigint {sigint!r}: not a reaction")
         self.sigterm, self.sigint = sigterm, sigint
         votes = sigterm == VOTE
-        self.vote = preemption_vote.VoteHook(role.num_workers, runs_per_step) if votes else None
+        self._own_vote = votes and vote is None
+        self.vote = (preemption_vote.VoteHook(role.num_workers, runs_per_step)
+                     if self._own_vote else vote if votes else None)
         # The same workers step together: one gone stalls the others (peers.py).
-        self.stall = peers.StallHook(model_dir) if votes and role.num_workers > 1 else None
+        self.stall = peers.StallHook(model_dir) if self._own_vote and role.num_workers > 1 \
+            else None
+        self._exit_after_vote = preemption_vote.ExitAfterTheVoteHook(
+            self.vote, role.names_checkpoint_on_vote, model_dir) if self.vote else None
         # A parameter_server worker: its steps and its session wait for the ps tasks, which
         # may be gone (under Slurm nobody stops it then): step and session deadlines, 144.
         self.ps_worker = role.kind == WORKER and role.in_cluster and not votes and \
@@ -191,17 +205,17 @@ class TrainingGuard:
     def attach(self, train_spec: tf.estimator.TrainSpec) -> tf.estimator.TrainSpec:
         # The vote's exit acts at the session's close, after every hook's end(): any place
         # will do but the last, which is the StallHook's.
-        exit_after_vote = preemption_vote.ExitAfterTheVoteHook(
-            self.vote, self.role.names_checkpoint_on_vote, self.model_dir) if self.vote else None
-        hooks = (self.hook,) + tuple(h for h in (self.vote, exit_after_vote, self.stall) if h)
+        own_vote = self.vote if self._own_vote else None
+        hooks = (self.hook,) + tuple(h for h in (own_vote, self._exit_after_vote, self.stall)
+                                     if h)
         first = (self.stall.ended,) if self.stall else ()  # StallHook times the run alone
         return tf.estimator.TrainSpec(train_spec.input_fn, train_spec.max_steps,
                                       first + tuple(train_spec.hooks) + hooks,
                                       train_spec.saving_listeners)
 
     def attach_eval(self, eval_spec: tf.estimator.EvalSpec) -> tf.estimator.EvalSpec:
-        return eval_spec._replace(
-            hooks=tuple(eval_spec.hooks) + (EvaluationStopHook(self.hook, self.model_dir),))
+        return eval_spec._replace(hooks=tuple(eval_spec.hooks) + (
+            EvaluationStopHook(self.hook, self.model_dir, self._exit_after_vote),))
 
     def _on_sigterm(self, signum=signal.SIGTERM):
         if self.role.trains_in_a_group and not self.hook.session_created:

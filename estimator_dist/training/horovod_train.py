@@ -13,7 +13,10 @@
   The loss Estimator reports (progress, TensorBoard) is the mean over the ranks
   with data, as under MirroredStrategy, not rank 0's alone.
 - hooks: broadcast every variable from rank 0 once the session exists (fresh or
-  restored), and stop every rank on the same step when a vote says so.
+  restored), and stop every rank on the same step when a vote says so: an input ran
+  out, rank 0's early stop, or SIGTERM to any rank (the guard's VOTE reaction: rank 0
+  saves that step, as multi_worker_mirrored's workers do; a rank that left at once
+  made rank 0's step fail, and the whole job's preemption saved nothing).
 """
 import tensorflow as tf
 
@@ -28,6 +31,9 @@ FEATURES = "estimator_dist_horovod_features"
 HAS_DATA = "estimator_dist_horovod_has_data"
 VOTES = "estimator_dist_horovod_votes"
 STOP_REQUEST = "estimator_dist_horovod_stop_request"
+# A rank's stop request: 1 for rank 0's early stop, SIGNALLED per rank that got SIGTERM;
+# the all-reduced sum says both (float32 counts exactly far past any job's ranks).
+SIGNALLED = 1000.0
 
 
 def _hvd():
@@ -174,10 +180,14 @@ class BroadcastHook(tf.compat.v1.train.SessionRunHook):
 
 
 class StopTogetherHook(tf.compat.v1.train.SessionRunHook):
-    """Stops every rank after the same step: when an input ran out or rank 0 asked to stop.
+    """Stops every rank after the same step: when an input ran out, rank 0 asked to stop,
+    or a rank got SIGTERM.
 
     `should_stop` (rank 0's early stopping, or None) is asked every `every_steps`
-    steps; its answer is voted in the next step, so all ranks stop after it.
+    steps; its answer is voted in the next step, so all ranks stop after it. The
+    training guard's vote (guards/training_guard.py, VOTE) sets `signalled` on SIGTERM;
+    the next step's vote stops every rank after it: `stopped_at` is that step and
+    `signalled_workers` how many ranks got SIGTERM (preemption_vote.preempted's line).
     """
 
     def __init__(self, should_stop=None, every_steps: int = 1, say=None):
@@ -186,6 +196,9 @@ class StopTogetherHook(tf.compat.v1.train.SessionRunHook):
         self._say = say
         self._stop_wanted = False
         self.ended_at = None  # global step at which an input ran out
+        self.signalled = False  # set by the SIGTERM handler
+        self.stopped_at = None
+        self.signalled_workers = 0
 
     @property
     def stopped_early(self) -> bool:
@@ -204,7 +217,8 @@ class StopTogetherHook(tf.compat.v1.train.SessionRunHook):
         self._last_check = None
 
     def before_run(self, run_context):
-        feed = {self._request: 1.0} if self._stop_wanted else None
+        request = (1.0 if self._stop_wanted else 0.0) + (SIGNALLED if self.signalled else 0.0)
+        feed = {self._request: request} if request else None
         return tf.compat.v1.train.SessionRunArgs(
             {"votes": self._votes, "step": self._global_step}, feed_dict=feed)
 
@@ -215,6 +229,12 @@ class StopTogetherHook(tf.compat.v1.train.SessionRunHook):
             self.ended_at = step
             if self._say:
                 self._say(f"an input shard ran out at step {step}: every rank stops there")
+            run_context.request_stop()
+            return
+        if stop >= SIGNALLED:
+            self.signalled_workers = int(stop // SIGNALLED)
+            # The step the savers' end() saves (the fetch above may precede the update).
+            self.stopped_at = int(run_context.session.run(self._global_step))
             run_context.request_stop()
             return
         if stop > 0:

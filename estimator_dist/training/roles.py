@@ -164,8 +164,9 @@ def run_horovod_rank(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
     rank > 0 trains in a scratch dir of its own, gets every variable from rank 0 (no warm
     start of its own) and skips training exactly when rank 0 does.
 
-    SIGTERM: rank 0 finishes its step and saves it (within a deadline when other ranks step
-    with it), exit 143; a rank > 0 exits 143 at once. Ctrl-C: a lone rank's, as a local run.
+    SIGTERM to any rank: every rank stops after the same step, voted inside the step's
+    all-reduce; rank 0 saves it, all exit 143 (within a deadline: a peer may be gone). A
+    lone rank saves as a local run. Ctrl-C: a lone rank's, as a local run.
     """
     steps.set_tf_config(p)  # none: Horovod needs no TF_CONFIG
     if p.role.horovod_follower:
@@ -174,7 +175,7 @@ def run_horovod_rank(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
         p, start_step = steps.start(p, out, say=quiet, owner=False, evaluates=False)
         with steps.estimator_for(p, strategy, start_step, out, owner=False) as estimator:
             t = steps.training(p, estimator, out, quiet, extra_hooks, owner=False)
-            with steps.guarded(p, sigterm=EXIT) as guard:
+            with steps.guarded(p, sigterm=VOTE, vote=t.horovod_vote) as guard:
                 steps.train_only(estimator, guard, t, start_step)
             return steps.summarize(p, t, start_step, {}, quiet, writes_summary=False)
     alone = p.role.num_workers == 1
@@ -183,7 +184,8 @@ def run_horovod_rank(p: Plan, out, extra_hooks=()) -> Dict[str, Any]:
         p, start_step = steps.start(p, out, say=out, owner=True, evaluates=True)
         with steps.estimator_for(p, strategy, start_step, out, owner=True) as estimator:
             t = steps.training(p, estimator, out, out, extra_hooks, owner=True)
-            with steps.guarded(p, sigterm=SAVE, sigint=SAVE if alone else None) as guard:
+            with steps.guarded(p, sigterm=SAVE if alone else VOTE,
+                               sigint=SAVE if alone else None, vote=t.horovod_vote) as guard:
                 result = steps.train_and_evaluate(p, estimator, guard, t, out)
                 steps.export_after_early_stop(p, estimator, t.hooks, out)
             if alone:

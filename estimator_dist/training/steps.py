@@ -225,6 +225,12 @@ class Training:
     def progress(self) -> ProgressHook:
         return self.hooks[0]
 
+    @property
+    def horovod_vote(self):
+        """Horovod's stop-together hook, which also votes on SIGTERM (VOTE), or None."""
+        return next((h for h in self.hooks if isinstance(h, horovod_train.StopTogetherHook)),
+                    None)
+
 
 def training(p: Plan, estimator, out, say, extra_hooks=(), owner: bool = False) -> Training:
     """The hooks and specs of this task's training: progress (printed by the owner), its
@@ -292,11 +298,13 @@ def train_op_check(p: Plan) -> TrainOpCheckHook:
 
 
 # -- training ----------------------------------------------------------------------------
-def guarded(p: Plan, sigterm: str, sigint: Optional[str] = None) -> guards.TrainingGuard:
+def guarded(p: Plan, sigterm: str, sigint: Optional[str] = None,
+            vote=None) -> guards.TrainingGuard:
     """The training guard with this procedure's reaction to SIGTERM (SIGUSR1, SIGUSR2) and
-    to Ctrl-C (guards/training_guard.py: SAVE, VOTE, EXIT, SERVE_UNTIL_SAVED)."""
+    to Ctrl-C (guards/training_guard.py: SAVE, VOTE, EXIT, SERVE_UNTIL_SAVED); `vote`: a
+    training hook that votes inside the step (Training.horovod_vote)."""
     return guards.TrainingGuard(p.model_dir, p.config.distribute.accumulate_steps, p.role,
-                                sigterm=sigterm, sigint=sigint)
+                                sigterm=sigterm, sigint=sigint, vote=vote)
 
 
 def train_and_evaluate(p: Plan, estimator, guard, t: Training, say):

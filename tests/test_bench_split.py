@@ -1,5 +1,5 @@
-"""The bench's per-step split of a multi-process case (bench/step_split.py): the traced shares
-of input and communication, the untraced step and session-run times, and the table."""
+"""The bench's per-step split of a worker case (bench/step_split.py): the traced shares of
+input and communication, the untraced step and session-run times, and the table."""
 import math
 
 import pytest

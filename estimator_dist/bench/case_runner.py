@@ -22,10 +22,11 @@ import time
 from typing import Dict, List, Optional
 
 from estimator_dist.bench import step_split
+from estimator_dist.bench.plan import PROCESS_STRATEGIES
 
 STOP_TIMEOUT_S = 20.0
 # The drivers whose steps are Estimator session runs, traced for the per-step split of
-# their multi-process cases (step_split.py).
+# their process-strategy cases, 1 worker included (step_split.py).
 TRACED_DRIVERS = ("project", "plain", "comm")
 ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 ONEDNN_DEFAULT = "1"  # what cli.main sets unless the environment says otherwise
@@ -195,7 +196,8 @@ class Runner:
                 if run.ok:
                     self._burst(run)
         for run in runs:  # after the measured bursts: tracing slows the steps
-            if run.ok and run.case.workers > 1 and run.case.driver in TRACED_DRIVERS:
+            if run.ok and run.case.strategy in PROCESS_STRATEGIES and \
+                    run.case.driver in TRACED_DRIVERS:  # 1 worker too: what scaling adds
                 self._trace(run)
         for run in runs:
             if run.ok:

@@ -28,7 +28,7 @@ class Measurement:
     burst_cpu_ms_per_step: List[float] = field(default_factory=list)  # each burst's
     onednn: Optional[bool] = None
     step_split: Dict[str, float] = field(default_factory=dict)  # step_split.split, ms
-    split_error: str = ""  # why a multi-process case has no per-step split
+    split_error: str = ""  # why a worker case has no per-step split
     wall_seconds: float = 0.0
     error: str = ""
     log: str = ""

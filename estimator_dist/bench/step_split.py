@@ -1,4 +1,4 @@
-"""Where a multi-process case's step goes: compute, all-reduce, input wait, hooks and checkpoints.
+"""Where a worker case's step goes: compute, all-reduce, input wait, hooks and checkpoints.
 
 The chief's clock (cases.Clock) times each step two ways in every burst: from one step's
 end to the next (the step) and inside the session run (from the clock hook's before_run
@@ -109,7 +109,7 @@ def format_split(rows: List[Tuple[str, str, Dict[str, float]]]) -> str:
         return ""
     head = (f"{'model':<20} {'case':<52} {'step':>7} "
             + " ".join(f"{p:>{max(len(p), 7)}}" for p in PARTS))
-    lines = ["per-step split of the multi-process cases (the chief's median step, ms; all-reduce "
+    lines = ["per-step split of the worker cases (the chief's median step, ms; all-reduce "
              "includes waiting for the other workers; docs/performance.md)", head, "-" * len(head)]
     for title, name, parts in rows:
         lines.append(f"{title:<20} {name:<52} {parts['step']:>7.2f} "

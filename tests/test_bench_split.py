@@ -24,13 +24,15 @@ def test_the_union_of_intervals_counts_overlaps_once():
     assert step_split.covered([(0, 10), (5, 20), (30, 40), (35, 36)]) == 30
 
 
-def test_shares_are_input_then_communication_outside_it_over_the_run_span():
-    run = stats(("MatMul", 0, 100), ("IteratorGetNext", 0, 20), ("CollectiveReduceV2", 50, 90),
-                ("_Recv", 80, 95), ("HorovodAllreduce", 10, 30), ("Const", 40, 40))
+def test_shares_are_the_waits_no_compute_op_overlaps_input_first():
+    run = stats(("IteratorGetNext", 0, 20), ("MatMul", 10, 40), ("CollectiveReduceV2", 30, 90),
+                ("_Recv", 80, 95), ("HorovodAllreduce", 15, 25), ("Conv2D", 60, 70),
+                ("ApplyGradientDescent", 95, 100))
     got = step_split.shares(run)
-    assert got["input"] == pytest.approx(0.20)
-    # communication: 50-95 and the 20-30 part of 10-30 outside the input's 0-20
-    assert got["comm"] == pytest.approx(0.55)
+    assert got["input"] == pytest.approx(0.10)  # 0-10: the input alone
+    # communication while nothing computes: 40-60 and 70-95 (the all-reduce launched at 30
+    # overlaps MatMul and Conv2D there; the Horovod one lies under input and MatMul)
+    assert got["comm"] == pytest.approx(0.45)
     assert step_split.shares(step_stats_pb2.StepStats()) is None
 
 
@@ -81,8 +83,9 @@ def test_clock_times_session_runs_and_traces_on_the_benchs_command(monkeypatch):
     class Values:
         run_metadata = tf.compat.v1.RunMetadata()
 
-    Values.run_metadata.step_stats.CopyFrom(stats(("MatMul", 0, 100), ("IteratorGetNext", 0, 10),
-                                                  ("CollectiveReduceV2", 60, 90)))
+    Values.run_metadata.step_stats.CopyFrom(stats(("MatMul", 10, 60), ("IteratorGetNext", 0, 10),
+                                                  ("CollectiveReduceV2", 50, 90),
+                                                  ("AssignVariableOp", 90, 100)))
     asked = []
     with pytest.raises(GateClosed):
         for t in range(20):

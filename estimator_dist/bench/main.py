@@ -227,9 +227,10 @@ def run(options: Options) -> int:
                 f"{machine_line()} at the end, {elapsed / 60:.1f} min")
     say("")
     say(format_table(rows, settings))
+    several_rounds = options.rounds > 1
     split = step_split.format_split([
-        (settings[m.case.model].title, m.case.name + (f" (round {m.round + 1})" if options.rounds > 1
-                                                      else ""), m.step_split)
+        (settings[m.case.model].title,
+         m.case.name + (f" (round {m.round + 1})" if several_rounds else ""), m.step_split)
         for m in measurements if m.ok])
     if split:
         say("")

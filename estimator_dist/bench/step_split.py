@@ -11,9 +11,9 @@ processes, ps reads) are in flight while no compute op runs: the exposed waits. 
 all-reduce launched as soon as its gradient is ready overlaps the rest of the backward
 pass; only what the step waits for it counts (on the measured cifar 2-worker step, counting
 every in-flight collective called 70% of the step all-reduce). The untraced run time is
-split in those shares; compute is what remains (scheduling gaps included). Tracing slows a step, so the shares
-come from traced steps and the milliseconds from untraced ones: the four parts add up to
-the median step.
+split in those shares; compute is what remains (scheduling gaps included). Tracing slows
+a step, so the shares come from traced steps and the milliseconds from untraced ones: the
+four parts add up to the median step.
 """
 import statistics
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple

@@ -18,11 +18,12 @@ peers, which a scheduler may be stopping at the same moment: so a deadline
 (`PEER_DEADLINE_S`, `exit_by_deadline`) starts with the signal, after which the task
 exits 143 at once, as it did by default. Under multi_worker_mirrored, whose saves need
 every worker, the workers vote to stop at one step and save it together
-(preemption_vote.py), within the same deadline; Horovod's ranks vote the same way inside
-their gradient all-reduce (training/horovod_train.py), rank 0 saving. The evaluator, ps tasks and the
-workers of parameter-server training write no checkpoint: they exit 143 at once
-(the evaluator removing an export it was writing), from the thread that reads the
-signal, never by raising from a signal handler into TensorFlow (`exit_now`). Every
+(preemption_vote.py), within the same deadline; Horovod's ranks vote the same way
+inside their gradient all-reduce (training/horovod_train.py), rank 0 saving. The
+evaluator, ps tasks and the workers of parameter-server training write no checkpoint:
+they exit 143 at once (the evaluator removing an export it was writing), from the
+thread that reads the signal, never by raising from a signal handler into TensorFlow
+(`exit_now`). Every
 role: one line (stop_messages.py builds it), exit 143.
 
 The reactions, named for what the process does on SIGTERM (SIGUSR1, SIGUSR2), each

@@ -27,6 +27,7 @@ TIMERS = {
     "peer_stall_min_s": "guards/peers.py PEER_STALL_MIN_S",
     "peer_deadline_s": "guards/signals.py PEER_DEADLINE_S",
     "stop_grace_s": "launch/supervisor.py STOP_GRACE_SECONDS",
+    "peer_lost_settle_s": "launch/supervisor.py PEER_LOST_SETTLE_SECONDS",
     "step_end_grace_s": "guards/step_end.py STEP_END_GRACE_S",
     "session_deadline_s": "guards/peers.py SESSION_DEADLINE_S",
 }

@@ -8,6 +8,7 @@ The tasks here are small Python processes that exit with given codes at given ti
 """
 import sys
 
+from estimator_dist import timers
 from estimator_dist.launch import supervisor as launcher
 
 
@@ -47,7 +48,7 @@ def test_a_144_alone_is_acted_on_once_no_other_task_trains():
 
 
 def test_a_144_while_the_others_train_on_is_acted_on_after_the_settle_wait(monkeypatch):
-    monkeypatch.setattr(launcher, "PEER_LOST_SETTLE_SECONDS", 1.0)
+    monkeypatch.setenv(timers.ENV, "peer_lost_settle_s=1")
     code, lines = run_cluster(exits(0, 300), exits(144, 0))
     assert code == launcher.EXIT_CLUSTER_FAILED, lines
     assert any("worker:1 exited with code 144 and --max_restarts 0 is used up" in line

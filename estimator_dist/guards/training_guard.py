@@ -313,7 +313,7 @@ class TrainingGuard:
         if self.stall and peers.is_peer_error(exc):
             step = self.hook.step + 1 if self.hook.step is not None else None
             raise peers.peer_failed(exc, step, tf.train.latest_checkpoint(self.model_dir)) from None
-        if self.role.horovod and peers.is_horovod_shut_down(exc):
+        if peers.is_horovod_shut_down(exc):
             step = self.hook.step + 1 if self.hook.step is not None else None
             raise peers.rank_ended(step, tf.train.latest_checkpoint(self.model_dir)) from None
         if numerics.is_non_finite(exc):

@@ -46,7 +46,7 @@ STOP_GRACE_SECONDS = 25.0  # timers.py: stop_grace_s
 POLL_SECONDS = 0.2
 # A task's 144 says a peer ended: how long the launcher waits for that peer's own exit code.
 # Horovod rank 0, preempted, exits 143 a moment after its peers saw Horovod shut down.
-PEER_LOST_SETTLE_SECONDS = 10.0
+PEER_LOST_SETTLE_SECONDS = 10.0  # timers.py: peer_lost_settle_s
 
 
 def permanent(code: int) -> bool:
@@ -316,7 +316,8 @@ class Supervisor:
         if lost is None:
             return None
         training = [t for t in self.tasks if t.traits.trains and t.process.poll() is None]
-        if training and now - lost.lost_at < PEER_LOST_SETTLE_SECONDS:
+        settle = timers.seconds("peer_lost_settle_s", PEER_LOST_SETTLE_SECONDS)
+        if training and now - lost.lost_at < settle:
             return None
         return lost, EXIT_PEER_LOST
 

@@ -1,4 +1,5 @@
 """`estimator-dist` command line: parse arguments, call one function, map errors to exit codes."""
+import gc
 import os
 import sys
 
@@ -11,6 +12,17 @@ from estimator_dist.cli.parser import (  # noqa: F401 - the parser's names, for 
 
 
 def main(argv=None) -> int:
+    code = command(argv)
+    if argv is None:
+        # A process of its own ends here. TensorFlow leaves millions of objects for the
+        # collector's last pass at exit, about 1 CPU-second per process (0.9-1.6 s measured
+        # on digits; every task of a cluster pays it): frozen, that pass skips them. Exit
+        # handlers, thread joins and reference-count finalizers still run.
+        gc.freeze()
+    return code
+
+
+def command(argv) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "train" and argv is None:  # a process of its own, not a test's call

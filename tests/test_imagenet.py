@@ -192,6 +192,19 @@ def test_eval_image_is_the_central_crop_resized(records):
     np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=1e-3)
 
 
+@pytest.mark.parametrize("shape", [(2, 5, 7, 3), (5, 7, 3)])
+def test_normalize_gives_the_per_channel_formula_to_the_last_bit(shape):
+    """The cheaper form (both vectors broadcast to an image first) keeps float32's values:
+    x * (1 / std) + (-mean / std), each product and sum rounded as numpy rounds them."""
+    pixels = np.random.RandomState(0).uniform(0, 255, shape).astype(np.float32)
+    scale = np.array([1.0 / s for s in preprocessing.STDDEV_RGB], np.float32)
+    offset = np.array([-m / s for m, s in zip(preprocessing.MEAN_RGB, preprocessing.STDDEV_RGB)],
+                      np.float32)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        normalized = session.run(preprocessing.normalize(tf.constant(pixels)))
+    np.testing.assert_array_equal(normalized, pixels * scale + offset)
+
+
 def test_training_crop_keeps_part_of_an_object_box():
     """With one small box, every sampled crop covers at least 10% of it (min_object_covered)."""
     photo = sample_images()[0]

@@ -15,9 +15,16 @@ from support import (TRAIN, Run, checkpoint_steps, run_cli, environment, final_e
 from estimator_dist import timers
 
 
-def step_env(**extra):
-    """The short timers, and a task still running 5 s after the chief's end ends (not 30)."""
-    return environment(**{timers.ENV: short_timers_setting() + ",step_end_grace_s=5"}, **extra)
+# One Slurm job of this file at a time: the node's CPUs are the machine's 2 cores (a full
+# run had the SIGUSR1 test's 3 tasks beside another test's job and miss the chief's deadline).
+pytestmark = pytest.mark.xdist_group("test_slurm_jobs.py")
+
+
+def step_env(timers_too="", **extra):
+    """The short timers, and a task still running 5 s after the chief's end ends (not 30);
+    `timers_too`: more NAME=SECONDS, which win."""
+    setting = ",".join(filter(None, [short_timers_setting(), "step_end_grace_s=5", timers_too]))
+    return environment(**{timers.ENV: setting}, **extra)
 
 
 @pytest.fixture
@@ -90,8 +97,10 @@ def test_scancel_signal_usr1_saves_and_the_ps_outlives_the_chiefs_save(slurm_job
     final checkpoint at the step it reached (SIGUSR1 killed every task at once, exit 138, and
     a ps gone first took the variables with it), the step exits 143 (retryable)."""
     model_dir = tmp_path / "run"
+    # The chief's step in flight and its save get the default 20 s after the signal
+    # (not the short 8 s: a CI run, the machine loaded by another job's tasks, passed it).
     run = Run(run_args(model_dir, 100000, "--strategy", "parameter_server", "--ps", "1")[1:],
-              command="train", cwd=tmp_path, env=step_env(), stderr_apart=True,
+              command="train", cwd=tmp_path, env=step_env("peer_deadline_s=20"), stderr_apart=True,
               prefix=["srun", "-n", 3, "--job-name", slurm_job])
     try:
         wait_for(run, r"^step \d+/100000", seconds=240)
@@ -131,6 +140,9 @@ def _start_when_requeued(job, seconds):
         if state and restarts and int(restarts.group(1)) >= 1 and state.group(1) != "PENDING":
             return
         if state and state.group(1) == "PENDING" and state.group(2) == "BeginTime":
+            # Not in the requeue's own second: slurmd refused that start ("Killing
+            # non-startable batch JobId=88: Job credential revoked", the job FAILED).
+            time.sleep(2)
             subprocess.run(["scontrol", "update", f"jobid={job}", "starttime=now"],
                            capture_output=True, timeout=30)
         time.sleep(1)

@@ -463,3 +463,18 @@ def test_an_import_that_calls_sys_exit_is_one_line(tmp_path, monkeypatch, capsys
     code, _, err = run_main(["list", "--import", "exits_on_import"], capsys)
     assert code == 2 and err.startswith("estimator-dist: error: --import exits_on_import: "
                                         "importing it called sys.exit(0)"), err
+
+
+def test_a_process_of_its_own_freezes_the_collector_when_its_command_returns(monkeypatch, capsys):
+    """main() as the `estimator-dist` entry point calls it (argv None): the collector's pass at
+    exit skips what TensorFlow made. A caller's main(argv) leaves its process's collector be."""
+    import gc
+
+    gc.unfreeze()
+    try:
+        assert cli.main(["list"]) == 0 and gc.get_freeze_count() == 0
+        monkeypatch.setattr("sys.argv", ["estimator-dist", "list"])
+        assert cli.main() == 0 and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    capsys.readouterr()

@@ -13,6 +13,7 @@ import pytest
 from support import (TRAIN, Run, checkpoint_steps, run_cli, environment, final_export, latest_step,
                      short_timers_setting, slurm_up, srun_cli, wait_for)
 from estimator_dist import timers
+from estimator_dist.guards import signals
 
 
 # One Slurm job of this file at a time: the node's CPUs are the machine's 2 cores (a full
@@ -97,10 +98,11 @@ def test_scancel_signal_usr1_saves_and_the_ps_outlives_the_chiefs_save(slurm_job
     final checkpoint at the step it reached (SIGUSR1 killed every task at once, exit 138, and
     a ps gone first took the variables with it), the step exits 143 (retryable)."""
     model_dir = tmp_path / "run"
-    # The chief's step in flight and its save get the default 20 s after the signal
-    # (not the short 8 s: a CI run, the machine loaded by another job's tasks, passed it).
+    # The chief's step in flight and its save get the default deadline after the signal (a
+    # full run, the machine loaded by another job's tasks, missed the short 8 s).
+    env = step_env(f"peer_deadline_s={signals.PEER_DEADLINE_S:g}")
     run = Run(run_args(model_dir, 100000, "--strategy", "parameter_server", "--ps", "1")[1:],
-              command="train", cwd=tmp_path, env=step_env("peer_deadline_s=20"), stderr_apart=True,
+              command="train", cwd=tmp_path, env=env, stderr_apart=True,
               prefix=["srun", "-n", 3, "--job-name", slurm_job])
     try:
         wait_for(run, r"^step \d+/100000", seconds=240)

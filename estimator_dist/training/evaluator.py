@@ -22,6 +22,9 @@ END_MARKER = "training_end.json"
 # instead, from the first to the longest wait, doubling.
 FIRST_WAIT_S = 0.05
 LONGEST_WAIT_S = 1.0
+# The loop found a checkpoint at max_steps: the chief's last save and its end marker follow
+# within a step and a save; a chief gone before marking the end is waited for this long.
+END_WAIT_S = 60.0
 
 
 def marker_path(model_dir: str) -> str:
@@ -79,12 +82,54 @@ class StopWhenTrainingEnded(internals.ContinuousEvalListener):
         return not self.ended()
 
 
-def final_evaluation(estimator, eval_spec, say):
-    """Evaluate the last checkpoint and run every exporter as the final export."""
+class HeldFinalExport:
+    """The exporters, as Estimator's evaluator loop sees them: an export the loop calls final
+    (its checkpoint reached max_steps) is held, not written. Under asynchronous training
+    another worker's update can land after the chief's last step check, so the chief's last
+    checkpoint may come after the one the loop found at max_steps; the one final export is
+    of the last checkpoint, after the chief marked the end (`final_evaluation`)."""
+
+    def __init__(self, exporters):
+        self.checkpoint, self.metrics = None, None
+        self.exporters = [self._held(exporter) for exporter in exporters]
+
+    def _held(self, exporter):
+        held = self
+
+        class Held(tf.estimator.Exporter):
+            @property
+            def name(self):
+                return exporter.name
+
+            def export(self, estimator, export_path, checkpoint_path, eval_result,
+                       is_the_final_export):
+                if is_the_final_export:
+                    held.checkpoint, held.metrics = checkpoint_path, eval_result
+                    return None
+                return exporter.export(estimator, export_path, checkpoint_path, eval_result,
+                                       is_the_final_export)
+
+        return Held()
+
+
+def wait_for_end(model_dir: str, seconds: float, sleep=time.sleep):
+    """After the loop evaluated a checkpoint at max_steps: the chief is saving its last
+    checkpoint, then marks the end. Wait for the marker (a chief gone before it: `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while end_step(model_dir, since=0.0) is None and time.monotonic() < deadline:
+        sleep(FIRST_WAIT_S)
+
+
+def final_evaluation(estimator, eval_spec, say, held: HeldFinalExport = None):
+    """Evaluate the last checkpoint (unless the loop's held export is of it) and run every
+    exporter as the final export."""
     checkpoint = estimator.latest_checkpoint()
-    metrics = estimator.evaluate(eval_spec.input_fn, steps=eval_spec.steps,
-                                 checkpoint_path=checkpoint, name=eval_spec.name,
-                                 hooks=eval_spec.hooks)
+    if held is not None and held.checkpoint == checkpoint:
+        metrics = held.metrics
+    else:
+        metrics = estimator.evaluate(eval_spec.input_fn, steps=eval_spec.steps,
+                                     checkpoint_path=checkpoint, name=eval_spec.name,
+                                     hooks=eval_spec.hooks)
     for exporter in eval_spec.exporters:
         base = os.path.join(tf.compat.as_str_any(estimator.model_dir), "export", exporter.name)
         exporter.export(estimator, base, checkpoint, metrics, is_the_final_export=True)
@@ -93,9 +138,15 @@ def final_evaluation(estimator, eval_spec, say):
     return metrics
 
 
-def run(estimator, train_spec, eval_spec, say):
-    """The evaluator task: evaluate each new checkpoint until training ends, however it ends."""
-    listener = StopWhenTrainingEnded(tf.compat.as_str_any(estimator.model_dir))
-    internals.run_evaluator_loop(estimator, train_spec, eval_spec, listener)
-    if listener.ended():
-        final_evaluation(estimator, eval_spec, say)
+def run(estimator, train_spec, eval_spec, say, end_wait_s=END_WAIT_S):
+    """The evaluator task: evaluate each new checkpoint until training ends, however it ends;
+    then one final export, of the last checkpoint."""
+    model_dir = tf.compat.as_str_any(estimator.model_dir)
+    listener = StopWhenTrainingEnded(model_dir)
+    held = HeldFinalExport(eval_spec.exporters)
+    internals.run_evaluator_loop(estimator, train_spec,
+                                 eval_spec._replace(exporters=held.exporters), listener)
+    if held.checkpoint is not None and not listener.ended():
+        wait_for_end(model_dir, end_wait_s)
+    if held.checkpoint is not None or listener.ended():
+        final_evaluation(estimator, eval_spec, say, held)

@@ -46,6 +46,40 @@ def test_rounds_alternate_order_and_every_target_compares_cases_of_one_group(mon
     assert len({c.group for c in horovod}) == 2  # each alone: idle ranks keep polling
 
 
+def test_only_the_start_up_targets_cases_start_alone_the_rest_by_cores(monkeypatch):
+    monkeypatch.setattr(bench_plan, "horovod_installed", lambda: True)
+    groups = {}
+    for case in bench_plan.cases_for("cifar"):
+        groups.setdefault(case.group, []).append(case)
+    alone = [c.name for c in bench_plan.cases_for("cifar") if bench_plan.starts_alone(c)]
+    assert alone == ["plain none N=1", "project none N=1"]  # "time to first step" compares them
+    for group in groups.values():
+        waves = bench_plan.start_waves(group, cores=2)
+        started = [case for wave in waves for case in wave]
+        assert sorted(started, key=group.index) == group and len(set(started)) == len(group)
+        for wave in waves:
+            assert sum(case.workers for case in wave) <= 2 or len(wave) == 1
+            apart = [c for c in wave if c.strategy in bench_plan.PROCESS_STRATEGIES or
+                     bench_plan.starts_alone(c)]
+            assert not apart or len(wave) == 1  # pinned to cores 0, 1, or measured alone
+    single = bench_plan.start_waves(groups["cifar:N=1 single"], cores=2)
+    assert [len(wave) for wave in single] == [2, 1, 1, 2, 1], single
+    strategies = bench_plan.start_waves(groups["cifar:N=2 strategies"], cores=2)
+    assert [len(wave) for wave in strategies] == [2, 2, 1]
+    assert len(bench_plan.start_waves(groups["cifar:N=2 strategies"], cores=1)) == 5
+
+
+def test_a_start_up_measured_beside_another_case_is_marked_in_the_table():
+    runs = [measurement("mlp", "project none N=1", 0, 100.0),
+            measurement("mlp", "project mirrored N=2", 0, 90.0, first=20.0)]
+    runs[1].started_alone = False
+    rows = bench_results.make_rows(bench_plan.Options(models=("mlp",)), runs)
+    table = bench_results.format_table([r for r in rows if r.runs],
+                                       bench_plan.SETTINGS).splitlines()
+    assert table[2].split()[-4] == "10.0" and table[3].split()[-4] == "20.0*", table
+    assert table[-1] == bench_results.BESIDE_NOTE
+
+
 def test_quick_runs_a_subset_and_cases_filters():
     quick = bench_plan.selected_cases(bench_plan.Options(quick=True))
     assert 0 < len(quick) < len(bench_plan.selected_cases(bench_plan.Options()))
@@ -185,6 +219,8 @@ def test_quick_bench_writes_table_csv_and_png(tmp_path):
     with open(out / "bench.json") as f:
         runs = json.load(f)["runs"]
     assert all(run["ok"] for run in runs)
+    alone = {run["case"]: run["started_alone"] for run in runs}
+    assert alone["mlp:project none N=1"] and not alone["mlp:project mirrored N=2"], alone
     assert all(len(run["burst_examples_per_sec"]) == bench_plan.QUICK_SETTINGS["mlp"].bursts
                for run in runs if run["case"].startswith("mlp:"))
     # The per-step split of each process-strategy case that trains through Estimator: parts
@@ -274,8 +310,8 @@ def test_a_case_that_dies_fails_alone_and_its_group_goes_on(tmp_path):
     (tmp_path / "logs").mkdir()
     (tmp_path / "specs").mkdir()
     settings = bench_plan.QUICK_SETTINGS
-    good, bad = [c for c in bench_plan.cases_for("mlp") if c.name in ("plain none N=1",
-                                                                 "project none N=1")]
+    good, bad = [c for c in bench_plan.cases_for("mlp") if c.name in ("keras none N=1",
+                                                                 "project none N=1 jit")]
 
     def spec_for(case, model_dir, worker):
         spec = bench.case_spec(options, settings, "", case, model_dir, worker)
@@ -283,8 +319,9 @@ def test_a_case_that_dies_fails_alone_and_its_group_goes_on(tmp_path):
 
     runner = bench_runner.Runner(options, settings, str(tmp_path), "", spec_for,
                                  bench.process_envs)
-    runs = runner.run_group([bad, good], 0)
+    runs = runner.run_group([bad, good], 0, cores=2)  # started together
     failed, fine = runs
+    assert not failed.started_alone and not fine.started_alone
     assert not failed.ok and "before the end of its warm-up" in failed.error
     assert "no_such_model" in open(failed.log_path).read()
     assert fine.ok and len(fine.bursts) == settings["mlp"].bursts

@@ -1,8 +1,9 @@
 """The case processes of `estimator-dist bench`: started one by one, then run in interleaved bursts.
 
 The cases of a group (bench.py: the cases its targets compare) are alive together.
-Each is launched while the others wait idle, so its start-up is measured alone; it
-runs its warm-up and stops at a gate (bench_cases.Clock). Then the group runs in
+A case whose start-up time a target compares is launched while the others wait idle,
+so its start-up is measured alone; the others start as many at once as there are cores
+(plan.start_waves). Each runs its warm-up and stops at a gate (bench_cases.Clock). Then the group runs in
 bursts: one case at a time runs `burst_steps` steps while the others wait, the
 order reversed every burst. A ratio of two cases is taken burst by burst, from
 steps a second or two apart instead of minutes apart, so a shared machine's
@@ -22,7 +23,7 @@ import time
 from typing import Dict, List, Optional
 
 from estimator_dist.bench import step_split
-from estimator_dist.bench.plan import PROCESS_STRATEGIES
+from estimator_dist.bench.plan import PROCESS_STRATEGIES, start_waves
 
 STOP_TIMEOUT_S = 20.0
 # The drivers whose steps are Estimator session runs, traced for the per-step split of
@@ -86,8 +87,10 @@ class Channel:
 class CaseRun:
     """The processes of one case in one round, and what they reported."""
 
-    def __init__(self, case, round_index: int, log_path: str, global_batch: int):
+    def __init__(self, case, round_index: int, log_path: str, global_batch: int,
+                 started_alone: bool = True):
         self.case = case
+        self.started_alone = started_alone  # no other case started beside it
         self.round = round_index
         self.log_path = log_path
         self.global_batch = global_batch
@@ -187,9 +190,17 @@ class Runner:
         self.envs_for = envs_for  # case -> (each process's extra environment, release)
         self.count = 0
 
-    def run_group(self, cases, round_index: int) -> List[CaseRun]:
-        """Start each case in turn (the others idle at their gates), then the bursts."""
-        runs = [self._start(case, round_index) for case in cases]
+    def run_group(self, cases, round_index: int, cores: int = 1) -> List[CaseRun]:
+        """Start the cases in waves of up to `cores` processes (plan.start_waves; 1: each
+        alone, the others idle at their gates); then the bursts."""
+        waves = start_waves(cases, cores)
+        runs = []
+        for wave in waves:
+            started = [self._launch_case(case, round_index, len(wave) == 1) for case in wave]
+            for run in started:
+                self._await_warmup(run)
+            runs += started
+        runs.sort(key=lambda run: cases.index(run.case))  # the group's order, for the bursts
         for b in range(self.settings[cases[0].model].bursts):  # a group is one model's
             order = runs if b % 2 == 0 else list(reversed(runs))
             for run in order:
@@ -204,28 +215,30 @@ class Runner:
                 run.stop()
         return runs
 
-    def _start(self, case, round_index: int) -> CaseRun:
+    def _launch_case(self, case, round_index: int, alone: bool) -> CaseRun:
         self.count += 1
         tag = f"{self.count:03d}-{case.model}-{case.name.replace(' ', '_').replace('=', '')}"
         tag = "".join(ch for ch in tag if ch.isalnum() or ch in "-_.")
         s = self.settings[case.model]
         run = CaseRun(case, round_index, os.path.join(self.options.output_dir, "logs", f"{tag}.log"),
-                      s.batch * case.workers)
+                      s.batch * case.workers, started_alone=alone)
         envs, run.release = self.envs_for(case)
         model_dir = os.path.join(self.work_dir, "model_dirs", tag)
         with open(run.log_path, "w", encoding="utf-8") as log:
             for worker in range(case.workers):
                 spec = self.spec_for(case, model_dir, worker)
                 self._launch(run, spec, f"{tag}.w{worker}", envs[worker], log)
+        return run
+
+    def _await_warmup(self, run: CaseRun):
         deadline = run.started + self.options.case_timeout
-        for worker in range(case.workers):
+        for worker in range(run.case.workers):
             message = self._receive(run, worker, deadline, "its warm-up")
             if message is None:
-                return run
+                return
             run.note_rss(message)
             if worker == 0:
                 run.ready = message
-        return run
 
     def _trace(self, run: CaseRun):
         """The traced steps of the per-step split. If they fail, the case's processes are

@@ -210,13 +210,16 @@ def run(options: Options) -> int:
     measurements = []
     for r, groups in enumerate(rounds):
         for group in groups:
-            say(f"{group[0].group}: {len(group)} case(s), started one at a time, then "
+            cores = os.cpu_count() or 1
+            say(f"{group[0].group}: {len(group)} case(s), started up to {cores} processes at "
+                f"once (one at a time where a target compares start-ups), then "
                 f"{settings[group[0].model].bursts} interleaved bursts")
-            for run_ in runner.run_group(group, r):
+            for run_ in runner.run_group(group, r, cores):
                 m = measurement(run_)
                 measurements.append(m)
                 figure = (f"{m.examples_per_sec:,.1f} examples/sec, first step "
-                          f"{m.first_step_seconds:.1f} s" if m.ok else
+                          f"{m.first_step_seconds:.1f} s{'' if m.started_alone else ' *'}"
+                          if m.ok else
                           f"FAILED ({m.error}; see {m.log})")
                 say(f"[{len(measurements)}/{total}] {settings[m.case.model].title} | "
                     f"{m.case.name}: {figure} ({m.wall_seconds:.0f} s)")
@@ -253,6 +256,7 @@ def run(options: Options) -> int:
                              "burst_examples_per_sec": m.burst_examples_per_sec,
                              "window_examples_per_sec": m.window_examples_per_sec,
                              "first_step_seconds": m.first_step_seconds,
+                             "started_alone": m.started_alone,
                              "peak_rss_mb": m.peak_rss_mb, "cpu_ms_per_step": m.cpu_ms_per_step,
                              "burst_cpu_ms_per_step": m.burst_cpu_ms_per_step,
                              "onednn": m.onednn, "step_split": m.step_split,

@@ -248,6 +248,32 @@ TARGETS = [
 MWMS_1 = "project multi_worker_mirrored 1 worker(s) x 1 core"
 
 
+def starts_alone(case: Case) -> bool:
+    """Whether a case starts alone, the others of its group idle at their gates: where a
+    target compares its start-up time, which a neighbour's start would inflate. The others
+    start as many at once as the machine has cores (start_waves)."""
+    return any(kind == "max" and case.name in (num, den)
+               for _, num, den, kind, _ in TARGETS)
+
+
+def start_waves(group: List[Case], cores: int) -> List[List[Case]]:
+    """The group's cases packed, first fit, into waves of at most `cores` processes. A case
+    that starts alone (starts_alone) is a wave of its own, and so is one of process
+    strategies: its processes are pinned to cores 0, 1, ..., which another case's would share."""
+    def apart(case: Case) -> bool:
+        return starts_alone(case) or case.strategy in PROCESS_STRATEGIES
+
+    waves: List[List[Case]] = []
+    for case in group:
+        room = [w for w in waves if not apart(w[0]) and not apart(case) and
+                sum(c.workers for c in w) + case.workers <= cores]
+        if room:
+            room[0].append(case)
+        else:
+            waves.append([case])
+    return waves
+
+
 # (label, the 2-worker case whose step costs what the all-reduce adds, its 1-worker case or
 # None): the scaling efficiency that cost leaves at most, MWMS_1's step / (step + cost),
 # since on one core per worker nothing overlaps the all-reduce (bench_comm.py). No goal:

@@ -23,6 +23,7 @@ class Measurement:
     burst_examples_per_sec: List[float] = field(default_factory=list)  # each burst's median step
     window_examples_per_sec: float = float("nan")  # over the whole measured window
     first_step_seconds: float = float("nan")
+    started_alone: bool = True  # its start-up measured with no other case starting beside it
     peak_rss_mb: float = float("nan")
     cpu_ms_per_step: float = float("nan")
     burst_cpu_ms_per_step: List[float] = field(default_factory=list)  # each burst's
@@ -39,9 +40,9 @@ def measurement(run: "bench_runner.CaseRun") -> Measurement:
     wall = run.ended - run.started
     if not run.ok:
         return Measurement(run.case, run.round, ok=False, wall_seconds=wall, log=run.log_path,
-                           error=run.error)
+                           error=run.error, started_alone=run.started_alone)
     return Measurement(run.case, run.round, ok=True, wall_seconds=wall, log=run.log_path,
-                       peak_rss_mb=run.peak_rss_mb, split_error=run.split_error, **run.figures())
+                       started_alone=run.started_alone, peak_rss_mb=run.peak_rss_mb, split_error=run.split_error, **run.figures())
 
 
 def _median(values):
@@ -67,6 +68,7 @@ class Row:
     examples_per_sec = property(lambda self: self._median_of("examples_per_sec"))
     window_examples_per_sec = property(lambda self: self._median_of("window_examples_per_sec"))
     first_step_seconds = property(lambda self: self._median_of("first_step_seconds"))
+    started_alone = property(lambda self: all(m.started_alone for m in self.ok_runs))
     cpu_ms_per_step = property(lambda self: self._median_of("cpu_ms_per_step"))
 
     @property
@@ -206,9 +208,19 @@ def format_table(rows: List[Row], settings) -> str:
         lines.append(f"{settings[row.case.model].title:<20} {row.case.name:<52} {row.batch:>5} "
                      f"{row.examples_per_sec:>12,.1f} {per_round:<15} "
                      f"{row.window_examples_per_sec:>11,.0f} "
-                     f"{row.first_step_seconds:>10.1f} {row.peak_rss_mb:>11.0f} "
+                     f"{_first_step(row):>10} {row.peak_rss_mb:>11.0f} "
                      f"{row.cpu_ms_per_step:>11.1f} {row.onednn:>6}")
+    if not all(row.started_alone for row in rows):
+        lines.append(BESIDE_NOTE)
     return "\n".join(lines)
+
+
+BESIDE_NOTE = ("* 1st step with another case of its group starting beside it (alone only "
+               "where a target compares start-up times)")
+
+
+def _first_step(row: Row) -> str:
+    return f"{row.first_step_seconds:.1f}" + ("" if row.started_alone else "*")
 
 
 def format_targets(targets: List[Dict]) -> str:
@@ -236,7 +248,7 @@ def write_csv(path: str, rows: List[Row], settings):
         w.writerow(["model", "case", "driver", "strategy", "num_devices", "workers", "input",
                     "global_batch", "warmup_steps", "measured_steps", "examples_per_sec",
                     "examples_per_sec_per_round", "window_examples_per_sec", "first_step_seconds", "peak_rss_mb",
-                    "cpu_ms_per_step", "onednn", "failed_runs"])
+                    "cpu_ms_per_step", "onednn", "failed_runs", "started_alone"])
         for row in rows:
             s = settings[row.case.model]
             w.writerow([row.case.model, row.case.name, row.case.driver, row.case.strategy,
@@ -247,7 +259,7 @@ def write_csv(path: str, rows: List[Row], settings):
                         f"{row.window_examples_per_sec:.2f}",
                         f"{row.first_step_seconds:.2f}", f"{row.peak_rss_mb:.1f}",
                         f"{row.cpu_ms_per_step:.2f}", row.onednn,
-                        len(row.runs) - len(row.ok_runs)])
+                        len(row.runs) - len(row.ok_runs), int(row.started_alone)])
 
 
 def _input_name(case: Case) -> str:

@@ -1,11 +1,11 @@
-"""The case processes of `estimator-dist bench`: started one by one, then run in interleaved bursts.
+"""The case processes of `estimator-dist bench`: started in waves, then run in interleaved bursts.
 
 The cases of a group (bench.py: the cases its targets compare) are alive together.
 A case whose start-up time a target compares is launched while the others wait idle,
 so its start-up is measured alone; the others start as many at once as there are cores
-(plan.start_waves). Each runs its warm-up and stops at a gate (bench_cases.Clock). Then the group runs in
-bursts: one case at a time runs `burst_steps` steps while the others wait, the
-order reversed every burst. A ratio of two cases is taken burst by burst, from
+(plan.start_waves). Each runs its warm-up and stops at a gate (bench_cases.Clock).
+Then the group runs in bursts: one case at a time runs `burst_steps` steps while the
+others wait, the order reversed every burst. A ratio of two cases is taken burst by burst, from
 steps a second or two apart instead of minutes apart, so a shared machine's
 changing load falls on both sides of it alike.
 

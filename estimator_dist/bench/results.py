@@ -42,7 +42,8 @@ def measurement(run: "bench_runner.CaseRun") -> Measurement:
         return Measurement(run.case, run.round, ok=False, wall_seconds=wall, log=run.log_path,
                            error=run.error, started_alone=run.started_alone)
     return Measurement(run.case, run.round, ok=True, wall_seconds=wall, log=run.log_path,
-                       started_alone=run.started_alone, peak_rss_mb=run.peak_rss_mb, split_error=run.split_error, **run.figures())
+                       started_alone=run.started_alone, peak_rss_mb=run.peak_rss_mb,
+                       split_error=run.split_error, **run.figures())
 
 
 def _median(values):

@@ -208,9 +208,9 @@ def run(options: Options) -> int:
                                                            model_dir, worker, imagenet_dir),
         envs_for=process_envs)
     measurements = []
+    cores = os.cpu_count() or 1
     for r, groups in enumerate(rounds):
         for group in groups:
-            cores = os.cpu_count() or 1
             say(f"{group[0].group}: {len(group)} case(s), started up to {cores} processes at "
                 f"once (one at a time where a target compares start-ups), then "
                 f"{settings[group[0].model].bursts} interleaved bursts")

@@ -91,25 +91,25 @@ class HeldFinalExport:
 
     def __init__(self, exporters):
         self.checkpoint, self.metrics = None, None
-        self.exporters = [self._held(exporter) for exporter in exporters]
+        self.exporters = [_Held(exporter, self) for exporter in exporters]
 
-    def _held(self, exporter):
-        held = self
 
-        class Held(tf.estimator.Exporter):
-            @property
-            def name(self):
-                return exporter.name
+class _Held(tf.estimator.Exporter):
+    """One exporter whose final export goes to `holder` instead of being written."""
 
-            def export(self, estimator, export_path, checkpoint_path, eval_result,
-                       is_the_final_export):
-                if is_the_final_export:
-                    held.checkpoint, held.metrics = checkpoint_path, eval_result
-                    return None
-                return exporter.export(estimator, export_path, checkpoint_path, eval_result,
-                                       is_the_final_export)
+    def __init__(self, exporter, holder: HeldFinalExport):
+        self._exporter, self._holder = exporter, holder
 
-        return Held()
+    @property
+    def name(self):
+        return self._exporter.name
+
+    def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
+        if is_the_final_export:
+            self._holder.checkpoint, self._holder.metrics = checkpoint_path, eval_result
+            return None
+        return self._exporter.export(estimator, export_path, checkpoint_path, eval_result,
+                                     is_the_final_export)
 
 
 def wait_for_end(model_dir: str, seconds: float, sleep=time.sleep):

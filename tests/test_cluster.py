@@ -14,7 +14,7 @@ import yaml
 from estimator_dist.launch import supervisor as launcher
 from estimator_dist.launch import tfjob
 from support import (REPO, TRAIN, Run, alive, checkpoint_steps, cli_argv, cli_in_process,
-                     final_export, run_cli, supervise, wait_for)
+                     environment, final_export, run_cli, supervise, wait_for)
 
 
 def test_multi_worker_mirrored_two_workers_and_evaluator(tmp_path, monkeypatch):
@@ -460,11 +460,15 @@ def test_sigterm_to_one_mwms_worker_stops_every_worker_at_one_step_and_they_save
     """Under multi_worker_mirrored a save needs every worker: the workers vote, all stop after
     the same step and save it together, exit 143, and the restarted cluster resumes there. A
     SIGTERM'd worker used to die at once, losing every step since the last periodic
-    checkpoint. Then Ctrl-C of the launcher (SIGTERM to every task) does the same."""
+    checkpoint. Then Ctrl-C of the launcher (SIGTERM to every task) does the same. These
+    exits skip Python's exit handlers: each task left autograph's temporary files behind."""
     model_dir = str(tmp_path / "run")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     run = Run(["--workers", "2", "--strategy", "multi_worker_mirrored",
                "--train_steps", "1000000", "--save_checkpoints_steps", "1000000",
-               "--max_restarts", "1", "--model_dir", model_dir] + TRAIN)
+               "--max_restarts", "1", "--model_dir", model_dir] + TRAIN,
+              env=environment(TMPDIR=str(tmp)))
     try:
         wait_for(run, r"^\[chief:0\] step \d+/")
         os.kill(run.pid_of("worker:0"), signal.SIGTERM)
@@ -493,6 +497,7 @@ def test_sigterm_to_one_mwms_worker_stops_every_worker_at_one_step_and_they_save
              for task in ("chief:0", "worker:0")}
     assert len(again["chief:0"]) == 2 and again["chief:0"] == again["worker:0"], run.text
     assert checkpoint_steps(model_dir)[-1] == int(again["chief:0"][1]) > step
+    assert not os.listdir(tmp), os.listdir(tmp)  # every task's temporary files removed
 
 
 def test_sigterm_during_the_chiefs_final_export_removes_it_and_the_restart_exports(tmp_path):

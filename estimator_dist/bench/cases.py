@@ -34,6 +34,7 @@ from typing import Tuple
 
 import tensorflow as tf
 
+from estimator_dist import process_temp
 from estimator_dist.bench import step_split
 from estimator_dist.compat import internals
 from estimator_dist.serving.heads import classification_spec
@@ -138,8 +139,8 @@ class Clock:
     first step of a burst, which wakes an idle process up, is not measured), the same
     steps' session runs, and the process CPU time over the burst. "trace K" runs K steps
     traced and reports their shares of input and communication (step_split.py). "quit"
-    leaves at once (`os._exit`): the final checkpoint, evaluation and export are not what
-    is measured.
+    leaves at once (`process_temp.hard_exit`): the final checkpoint, evaluation and export
+    are not what is measured.
     """
 
     def __init__(self, spec, gate: Gate):
@@ -198,7 +199,7 @@ class Clock:
             return
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        process_temp.hard_exit(0)
 
 
 def peak_rss_mb() -> float:

@@ -45,6 +45,9 @@ QUICK_IMAGENET_IMAGES = 24
 
 def child_main():
     """Entry point of a case process: pin cores, quiet TensorFlow, run the case."""
+    from estimator_dist import process_temp
+
+    process_temp.claim()
     spec_path = sys.argv[1]
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)

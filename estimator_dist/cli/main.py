@@ -5,6 +5,7 @@ import sys
 
 from estimator_dist import errors
 from estimator_dist import files
+from estimator_dist import process_temp
 from estimator_dist import timers
 from estimator_dist.guards import signals  # no TensorFlow: set before it is imported
 from estimator_dist.cli.parser import (  # noqa: F401 - the parser's names, for callers of main
@@ -25,8 +26,10 @@ def main(argv=None) -> int:
 def command(argv) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if args.command == "train" and argv is None:  # a process of its own, not a test's call
-        signals.exit_on_sigterm_by_default()
+    if argv is None:  # a process of its own, not a test's call
+        process_temp.claim()  # before TensorFlow's autograph writes its first file
+        if args.command == "train":
+            signals.exit_on_sigterm_by_default()
     if args.command in PASS_THROUGH:
         args.train_args = rest
         args.verbose = "--verbose" in rest

@@ -45,6 +45,7 @@ import sys
 import threading
 
 from estimator_dist import errors
+from estimator_dist import process_temp
 from estimator_dist.guards import stop_messages
 
 # A cluster chief's time from SIGTERM to exit, at most: under Kubernetes' default grace
@@ -64,7 +65,7 @@ def exit_on_sigterm_by_default():
     end): the main thread runs Python while it imports, and no thread is started yet."""
     def handler(signum, frame):
         os.write(2, f"estimator-dist: preempted: {errors.OUTSIDE_THE_RUN}\n".encode())
-        os._exit(errors.EXIT_PREEMPTED)  # noqa: SLF001 - nothing written yet
+        process_temp.hard_exit(errors.EXIT_PREEMPTED)  # nothing written yet
 
     # SIGUSR1/SIGUSR2 too: Slurm's pre-timeout warning stops a run as SIGTERM does.
     for signum in SAVE_SIGNALS:
@@ -192,7 +193,7 @@ def exit_now(error, cleanup=None):
         line = f"estimator-dist: {error.label}: {error}\n".encode("utf-8", "replace")
         with contextlib.suppress(OSError):
             os.write(2, line)
-        os._exit(error.exit_code)  # noqa: SLF001 - the main thread may be blocked in TensorFlow
+        process_temp.hard_exit(error.exit_code)  # the main thread may be blocked in TensorFlow
 
 
 @contextlib.contextmanager
@@ -209,7 +210,7 @@ def exit_by_deadline(seconds: float, latest):
         sys.stderr.write(f"estimator-dist: preempted: "
                          f"{stop_messages.deadline_passed(seconds, latest())}\n")
         sys.stderr.flush()
-        os._exit(errors.EXIT_PREEMPTED)  # noqa: SLF001 - threads blocked in TensorFlow never return
+        process_temp.hard_exit(errors.EXIT_PREEMPTED)  # threads blocked in TF never return
 
     timer = threading.Timer(seconds, give_up)
     timer.daemon = True

@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Callable, List, Mapping, Optional
 
+from estimator_dist import process_temp
 from estimator_dist import timers
 from estimator_dist.errors import EXIT_PREEMPTED
 
@@ -79,12 +80,12 @@ def _exit(code: int, line: str = ""):
     if line:
         with contextlib.suppress(OSError):
             os.write(2, f"estimator-dist: {line}\n".encode("utf-8", "replace"))
-    os._exit(code)  # noqa: SLF001 - the main thread may be blocked in TensorFlow
+    process_temp.hard_exit(code)  # the main thread may be blocked in TensorFlow
 
 
 class Watch:
     """A daemon thread, in every task of a step but the chief: ends this task when the run
-    has ended (see the module's docstring). `exit` is os._exit in real runs."""
+    has ended (see the module's docstring). `exit` is `_exit` (os._exit) in real runs."""
 
     def __init__(self, model_dir: str, task: str, workers: List[str],
                  environ: Mapping[str, str] = os.environ, exit: Callable = _exit,

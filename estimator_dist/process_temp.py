@@ -7,8 +7,8 @@ ended with its run, a bench case) skip those handlers: each left its files behin
 one parameter_server cluster with an evaluator, thousands a day on a machine that trains
 often. So an estimator-dist process puts its Python temporary files (`tempfile`: autograph's,
 a Horovod rank's scratch model_dir) under `<TMPDIR or /tmp>/estimator-dist-<pid>-XXXXXXXX`
-and removes that directory at its end, `hard_exit` (its os._exit) included. A SIGKILL
-still leaves it.
+and removes that directory at its end, `hard_exit` (its os._exit) included. A process killed
+by a signal cannot: the launcher removes its tasks' (`remove_left_by`) as it reaps them.
 
 No TensorFlow here: the directory is claimed before TensorFlow is imported.
 """
@@ -45,6 +45,18 @@ def remove():
     leaves its parent's in place."""
     if _CLAIMED and _CLAIMED[0] == os.getpid():
         shutil.rmtree(_CLAIMED[1], ignore_errors=True)
+
+
+def remove_left_by(pid: int):
+    """Remove the directories process `pid`, a child just reaped, claimed and left (a signal
+    killed it). Right after the reaping: its PID cannot belong to another process yet."""
+    base = os.path.dirname(_CLAIMED[1]) if _CLAIMED else tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(f"{PREFIX}{pid}-")]
+    except OSError:
+        return
+    for name in names:
+        shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
 def hard_exit(code: int):

@@ -60,10 +60,15 @@ def test_async_parameter_server_without_strategy(tmp_path):
     ("multi_worker_mirrored", "0", "restarting the whole cluster"),
 ])
 def test_killed_worker_is_restarted_and_run_finishes(strategy, ps, expect, tmp_path):
+    """SIGKILL to a worker: restarted, the run ends as it would have. The killed process could
+    not remove its temporary directory: the launcher does, and every task's is gone."""
     model_dir = str(tmp_path / "run")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     run = Run(["--workers", "2", "--ps", ps, "--evaluator", "--strategy", strategy,
                "--max_restarts", "2", "--train_steps", "200", "--save_checkpoints_steps", "40",
-               "--model_dir", model_dir] + TRAIN, timeout=400)
+               "--model_dir", model_dir] + TRAIN, timeout=400,
+              env=environment(TMPDIR=str(tmp)))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and run.proc.poll() is None:
         if os.path.isdir(model_dir) and [s for s in checkpoint_steps(model_dir) if s > 0]:
@@ -75,6 +80,7 @@ def test_killed_worker_is_restarted_and_run_finishes(strategy, ps, expect, tmp_p
     assert run.wait() == 0, run.text
     assert expect in run.text
     assert checkpoint_steps(model_dir)[-1] >= 200 and final_export(model_dir), run.text
+    assert not os.listdir(tmp), os.listdir(tmp)
 
 
 def test_bad_tf_config_is_one_line_exit_2(tmp_path):

@@ -98,3 +98,13 @@ def test_autographs_files_are_removed_by_the_exits_of_a_stopped_task(tmp_path):
         assert code == (143 if name == "preempted" else 0), err
         assert err.strip().startswith("estimator-dist: "), err
         assert os.listdir(tmp) == [], (name, os.listdir(tmp))
+
+
+def test_the_directories_of_a_killed_process_are_removed_by_its_pid_only(tmp_path, monkeypatch):
+    """The launcher's clean-up after a task it reaped was killed by a signal."""
+    for name in ("estimator-dist-12-abcdefgh", "estimator-dist-123-abcdefgh", "other-12-x"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__autograph_generated_file1.py").write_text("")
+    monkeypatch.setattr(process_temp.tempfile, "tempdir", str(tmp_path))
+    process_temp.remove_left_by(12)
+    assert sorted(os.listdir(tmp_path)) == ["estimator-dist-123-abcdefgh", "other-12-x"]

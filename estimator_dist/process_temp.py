@@ -24,15 +24,15 @@ _CLAIMED: Optional[Tuple[int, str]] = None  # (pid, directory)
 
 
 def claim() -> Optional[str]:
-    """Make a new directory under the temporary directory this process's own (tempfile's
-    default from now on) and remove it at exit; None, and nothing changed, if it cannot be
-    made. Call it where a process starts, never in a library call."""
+    """Make a new directory under the temporary directory, the process's own: tempfile's
+    default from now on, removed at exit. None, and nothing changed, if it cannot be made.
+    Call it where a process starts, never in a library call."""
     global _CLAIMED
     if _CLAIMED and _CLAIMED[0] == os.getpid():
         return _CLAIMED[1]
     try:
         path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
-    except OSError:  # an unwritable TMPDIR: the temp files go where they went before
+    except OSError:  # Python found no usable temporary directory: as before
         return None
     _CLAIMED = (os.getpid(), path)
     tempfile.tempdir = path
@@ -48,8 +48,8 @@ def remove():
 
 
 def remove_left_by(pid: int):
-    """Remove the directories process `pid`, a child just reaped, claimed and left (a signal
-    killed it). Right after the reaping: its PID cannot belong to another process yet."""
+    """Remove the directories that process `pid`, a child killed by a signal, claimed and
+    left. Call it right after reaping the child, before its PID can be reused."""
     base = os.path.dirname(_CLAIMED[1]) if _CLAIMED else tempfile.gettempdir()
     try:
         names = [n for n in os.listdir(base) if n.startswith(f"{PREFIX}{pid}-")]

@@ -59,6 +59,14 @@ def remove_left_by(pid: int):
         shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
+def remove_if_killed(proc):
+    """remove_left_by for a reaped child (a subprocess.Popen) that a signal killed, once."""
+    if proc is not None and proc.returncode is not None and proc.returncode < 0 and \
+            not getattr(proc, "temp_removed", False):
+        remove_left_by(proc.pid)
+        proc.temp_removed = True
+
+
 def hard_exit(code: int):
     """os._exit(code) after removing the claimed directory."""
     remove()

@@ -108,3 +108,21 @@ def test_the_directories_of_a_killed_process_are_removed_by_its_pid_only(tmp_pat
     monkeypatch.setattr(process_temp.tempfile, "tempdir", str(tmp_path))
     process_temp.remove_left_by(12)
     assert sorted(os.listdir(tmp_path)) == ["estimator-dist-123-abcdefgh", "other-12-x"]
+
+
+def test_a_child_killed_by_a_signal_has_its_directory_removed_once_reaped(tmp_path, monkeypatch):
+    """What the launcher and the bench do for a task or case they killed (SIGKILL)."""
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys
+        from estimator_dist import process_temp
+        print(process_temp.claim(), flush=True)
+        sys.stdin.read()
+        """)], cwd=REPO, env=environment(REPO, TMPDIR=str(tmp_path)), stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True)
+    own = child.stdout.readline().strip()
+    assert os.path.isdir(own)
+    child.kill()
+    child.wait()
+    monkeypatch.setattr(process_temp.tempfile, "tempdir", str(tmp_path))
+    process_temp.remove_if_killed(child)
+    assert os.listdir(tmp_path) == [] and child.temp_removed

@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+from estimator_dist import process_temp
 from estimator_dist.bench import step_split
 from estimator_dist.bench.plan import PROCESS_STRATEGIES, start_waves
 
@@ -126,6 +127,7 @@ class CaseRun:
                 proc.kill()  # by PID, the process we started
         for proc in self.procs:
             proc.wait()
+            process_temp.remove_if_killed(proc)  # a killed case left its temporary directory
         self._finish()
 
     def _finish(self):

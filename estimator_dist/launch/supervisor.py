@@ -111,16 +111,6 @@ def die_with_parent(parent: int):
         os._exit(128 + signal.SIGTERM)  # noqa: SLF001 - in the forked child, before exec
 
 
-def _remove_temp_of_killed(proc: Optional[subprocess.Popen]):
-    """A task process killed by a signal (the launcher's SIGKILL after the grace, the OOM
-    killer) ran no exit of its own: its temporary directory (process_temp) is removed once,
-    as soon as the launcher has reaped it."""
-    if proc is not None and proc.returncode is not None and proc.returncode < 0 and \
-            not getattr(proc, "temp_removed", False):
-        process_temp.remove_left_by(proc.pid)
-        proc.temp_removed = True
-
-
 class Supervisor:
     """Starts tasks, prefixes their output, restarts the dead, stops everything at the end."""
 
@@ -173,7 +163,9 @@ class Supervisor:
         stream.close()
 
     def start(self, task: Task):
-        _remove_temp_of_killed(task.process)  # the task's previous process
+        # The task's previous process, if a signal killed it (the launcher's SIGKILL after
+        # the grace, the OOM killer): it could not remove its temporary directory.
+        process_temp.remove_if_killed(task.process)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **task.env}
         env.pop("TF_CONFIG", None)  # a Horovod rank must not see one (RunConfig would read it)
         if task.tf_config:
@@ -212,7 +204,7 @@ class Supervisor:
                 proc.kill()
             proc.wait()
         for task in tasks:
-            _remove_temp_of_killed(task.process)
+            process_temp.remove_if_killed(task.process)
 
     def stop_all(self):
         # A second Ctrl-C or SIGTERM must not cut the clean-up short and orphan tasks.

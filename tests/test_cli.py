@@ -469,12 +469,21 @@ def test_a_process_of_its_own_freezes_the_collector_when_its_command_returns(mon
     """main() as the `estimator-dist` entry point calls it (argv None): the collector's pass at
     exit skips what TensorFlow made. A caller's main(argv) leaves its process's collector be."""
     import gc
+    import tempfile
 
+    from estimator_dist import process_temp
+
+    # main() claims this process's temporary directory: undone after, for the tests that follow
+    monkeypatch.setattr(process_temp, "_CLAIMED", None)
+    monkeypatch.setattr(tempfile, "tempdir", tempfile.tempdir)
     gc.unfreeze()
     try:
         assert cli.main(["list"]) == 0 and gc.get_freeze_count() == 0
+        assert process_temp._CLAIMED is None
         monkeypatch.setattr("sys.argv", ["estimator-dist", "list"])
         assert cli.main() == 0 and gc.get_freeze_count() > 0
+        assert process_temp._CLAIMED and tempfile.tempdir == process_temp._CLAIMED[1]
     finally:
         gc.unfreeze()
+        process_temp.remove()
     capsys.readouterr()

@@ -71,6 +71,7 @@ def test_no_usable_temporary_directory_changes_nothing(monkeypatch):
 
     monkeypatch.setattr(process_temp.tempfile, "mkdtemp", none_usable)
     monkeypatch.setattr(process_temp.tempfile, "tempdir", None)
+    monkeypatch.setattr(process_temp, "_CLAIMED", None)  # whatever this process claimed
     assert process_temp.claim() is None
     assert process_temp.tempfile.tempdir is None and process_temp._CLAIMED is None
 
@@ -106,6 +107,7 @@ def test_the_directories_of_a_killed_process_are_removed_by_its_pid_only(tmp_pat
         (tmp_path / name).mkdir()
         (tmp_path / name / "__autograph_generated_file1.py").write_text("")
     monkeypatch.setattr(process_temp.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(process_temp, "_CLAIMED", None)
     process_temp.remove_left_by(12)
     assert sorted(os.listdir(tmp_path)) == ["estimator-dist-123-abcdefgh", "other-12-x"]
 
@@ -124,5 +126,6 @@ def test_a_child_killed_by_a_signal_has_its_directory_removed_once_reaped(tmp_pa
     child.kill()
     child.wait()
     monkeypatch.setattr(process_temp.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(process_temp, "_CLAIMED", None)
     process_temp.remove_if_killed(child)
     assert os.listdir(tmp_path) == [] and child.temp_removed

@@ -219,6 +219,12 @@ class Run:
     def text(self):
         return "\n".join(self.lines)
 
+    @property
+    def shown(self):
+        """The output so far for a failure's message: stderr after stdout if kept apart."""
+        return "\n".join([*self.lines, "--- stderr ---", *self.errors] if self.errors
+                         else self.lines)
+
 
 def wait_for(run, pattern, start=0, seconds=180):
     """(the first match of `pattern` in the run's lines from line `start` on, the index of
@@ -232,7 +238,7 @@ def wait_for(run, pattern, start=0, seconds=180):
         if run.proc.poll() is not None:
             break
         time.sleep(0.2)
-    raise AssertionError(f"no line matching {pattern!r}:\n" + run.text)
+    raise AssertionError(f"no line matching {pattern!r}:\n" + run.shown)
 
 
 def alive(pid):

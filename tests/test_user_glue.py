@@ -146,3 +146,24 @@ def test_a_recreated_workers_incarnation_error_is_a_lost_peer_exit_144():
     assert peers.peer_failed(error, 7, None).exit_code == EXIT_PEER_LOST == 144
     assert not peers.is_peer_error(tf.errors.FailedPreconditionError(
         None, None, "Attempting to use uninitialized value dense/kernel"))
+
+
+# What a Horovod rank's grouped all-reduce met when the other rank crashed in the middle of it.
+GLOO_RESET = ("[/tmp/pip-install-hto_e3e3/horovod_a50fa28dc0664c0eb61556a737c48813/third_party/"
+              "compatible17_gloo/gloo/transport/tcp/pair.cc:589] Read error [127.0.0.1]:25523: "
+              "Connection reset by peer")
+
+
+def test_a_horovod_rank_that_meets_another_ranks_end_exits_144_saying_what_it_saw():
+    from estimator_dist.errors import EXIT_PEER_LOST
+    from estimator_dist.guards import peers
+
+    for text, seen in [("Horovod has been shut down. This was caused by an exception on one of "
+                        "the ranks or an attempt to allreduce.", "Horovod has been shut down"),
+                       (GLOO_RESET, GLOO_RESET)]:
+        error = tf.errors.UnknownError(None, None, text)
+        assert peers.is_horovod_shut_down(error)
+        lost = peers.rank_ended(error, 12, None)
+        assert lost.exit_code == EXIT_PEER_LOST and f"another Horovod rank ended ({seen}; " in \
+            str(lost)
+    assert not peers.is_horovod_shut_down(tf.errors.UnknownError(None, None, "bad label 11"))

@@ -44,8 +44,11 @@ PEER_ERRORS = (tf.errors.CancelledError, tf.errors.UnavailableError, tf.errors.A
 # FailedPreconditionError "... current incarnation doesn't match with one in the group".
 INCARNATION = "incarnation"
 # What a Horovod rank's collective fails with once another rank has ended (preempted,
-# crashed or failed): Horovod's own message (its SHUT_DOWN_ERROR), an UnknownError.
+# crashed or failed): Horovod's own message (its SHUT_DOWN_ERROR), an UnknownError; or,
+# when the rank was moving data with it at that moment, gloo's transport error ("[.../gloo/
+# transport/tcp/pair.cc:589] Read error [127.0.0.1]:25523: Connection reset by peer").
 HOROVOD_SHUT_DOWN = "Horovod has been shut down"
+GLOO_TRANSPORT = "gloo/transport/"
 
 
 def is_peer_error(error: BaseException) -> bool:
@@ -58,8 +61,9 @@ def is_peer_error(error: BaseException) -> bool:
 
 def is_horovod_shut_down(error: BaseException) -> bool:
     """A Horovod step that failed because another rank ended: that rank's exit says why."""
-    return isinstance(error, tf.errors.OpError) and \
-        HOROVOD_SHUT_DOWN in (getattr(error, "message", None) or str(error))
+    text = getattr(error, "message", None) or str(error)
+    return isinstance(error, tf.errors.OpError) and (HOROVOD_SHUT_DOWN in text or
+                                                     GLOO_TRANSPORT in text)
 
 
 class PeerLost(ReportedError):
@@ -78,9 +82,11 @@ def peer_failed(error: tf.errors.OpError, step, latest) -> PeerLost:
                     f"({op_error_line(error)}; {type(error).__name__}); {_resume(latest)}")
 
 
-def rank_ended(step, latest) -> PeerLost:
+def rank_ended(error: tf.errors.OpError, step, latest) -> PeerLost:
+    text = getattr(error, "message", None) or str(error)
+    seen = HOROVOD_SHUT_DOWN if HOROVOD_SHUT_DOWN in text else op_error_line(error)
     return PeerLost(f"training stopped at step {step}: another Horovod rank ended "
-                    f"({HOROVOD_SHUT_DOWN}; its own line says why); {_resume(latest)}")
+                    f"({seen}; its own line says why); {_resume(latest)}")
 
 
 class _StepEnded(tf.compat.v1.train.SessionRunHook):

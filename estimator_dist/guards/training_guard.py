@@ -315,7 +315,7 @@ class TrainingGuard:
             raise peers.peer_failed(exc, step, tf.train.latest_checkpoint(self.model_dir)) from None
         if peers.is_horovod_shut_down(exc):
             step = self.hook.step + 1 if self.hook.step is not None else None
-            raise peers.rank_ended(step, tf.train.latest_checkpoint(self.model_dir)) from None
+            raise peers.rank_ended(exc, step, tf.train.latest_checkpoint(self.model_dir)) from None
         if numerics.is_non_finite(exc):
             step = self.hook.step + 1 if self.hook.step is not None else None
             raise numerics.non_finite_error(exc, step, tf.train.latest_checkpoint(self.model_dir),

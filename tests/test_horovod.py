@@ -87,6 +87,10 @@ def test_two_ranks_match_mirrored_write_from_rank_0_and_resume_at_the_target(
     tiny_models.assert_same_weights(tiny_models.weights(model_dir),
                                     tiny_models.weights(tmp_path / "mirrored"))
 
+    # CPU ranks all-reduce a step's gradients in one group (Horovod's own: one per gradient).
+    graph = (model_dir / "graph.pbtxt").read_text()
+    assert 'op: "HorovodGroupedAllreduce"' in graph and 'op: "HorovodAllreduce"' in graph
+
     # Rank 0 alone writes: one events file, one eval dir, its checkpoints, its export.
     assert checkpoint_steps(model_dir) == [0, 2, 4]
     assert len(glob.glob(str(model_dir / "events.out.tfevents.*"))) == 1
@@ -233,6 +237,49 @@ def test_one_rank_outside_a_launcher_equals_none(tmp_path):
     tiny_models.train(tmp_path / "none", "tiny_v1", steps=3)
     tiny_models.assert_same_weights(tiny_models.weights(tmp_path / "hvd"),
                                     tiny_models.weights(tmp_path / "none"), atol=1e-6)
+
+
+def test_gradient_groups_one_on_a_cpu_rank_horovods_own_on_a_gpu_rank_or_the_users():
+    assert hvd_lib.gradient_groups({}, gpus=0) == 1
+    assert hvd_lib.gradient_groups({}, gpus=1) is None
+    assert hvd_lib.gradient_groups({hvd_lib.GROUPS_VARIABLE: "0"}, gpus=0) is None
+    assert hvd_lib.gradient_groups({hvd_lib.GROUPS_VARIABLE: "3"}, gpus=1) == 3
+    for bad in ("-1", "one", ""):
+        with pytest.raises(UserError, match=f"^ESTIMATOR_DIST_HOROVOD_GROUPS={bad}: must be a "
+                                            "whole number, 0 or more"):
+            hvd_lib.gradient_groups({hvd_lib.GROUPS_VARIABLE: bad}, gpus=0)
+
+
+class FakeHorovod:
+    """hvd as init() uses it: what HOROVOD_CYCLE_TIME held when hvd.init() ran."""
+
+    def __init__(self):
+        self.cycle_time = None
+
+    def init(self):
+        self.cycle_time = os.environ.get("HOROVOD_CYCLE_TIME")
+
+    rank = local_rank = staticmethod(lambda: 0)
+    size = local_size = staticmethod(lambda: 1)
+
+
+@pytest.mark.parametrize("users,seen", [(None, hvd_lib.CYCLE_TIME_MS), ("5", "5")])
+def test_init_gives_horovod_the_projects_cycle_time_unless_the_user_set_one(monkeypatch, users,
+                                                                             seen):
+    fake = FakeHorovod()
+    monkeypatch.setattr(hvd_lib, "require", lambda: fake)
+    monkeypatch.setattr(hvd_lib, "pin_gpu", lambda ranks: None)
+    for name in hvd_lib.RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    if users is None:
+        monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
+    else:
+        monkeypatch.setenv("HOROVOD_CYCLE_TIME", users)
+    monkeypatch.delenv(hvd_lib.GROUPS_VARIABLE, raising=False)
+    assert hvd_lib.init().size == 1 and fake.cycle_time == seen
+    monkeypatch.setenv(hvd_lib.GROUPS_VARIABLE, "x")
+    with pytest.raises(UserError, match="ESTIMATOR_DIST_HOROVOD_GROUPS=x"):
+        hvd_lib.init()
 
 
 def test_not_installed_is_one_line_exit_2(tmp_path, monkeypatch):

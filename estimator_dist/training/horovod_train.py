@@ -20,6 +20,7 @@
 """
 import tensorflow as tf
 
+from estimator_dist.distribute import horovod as hvd_lib
 from estimator_dist.guards import memory
 from estimator_dist.graph import model_fn_wrap
 from estimator_dist.graph import numerics
@@ -113,7 +114,8 @@ class _Minimize:
         compressed = params.get("gradient_compression", "none") == "fp16"
         optimizer = hvd.DistributedOptimizer(
             train_op_lib.optimizer_for(params, optimizer),
-            compression=hvd.Compression.fp16 if compressed else hvd.Compression.none)
+            compression=hvd.Compression.fp16 if compressed else hvd.Compression.none,
+            groups=hvd_lib.gradient_groups())
         global_step = tf.compat.v1.train.get_or_create_global_step()
         with tf.control_dependencies(train_op_lib.collect_update_ops(update_ops)):
             grads_and_vars = train_op_lib.gradients(optimizer, loss, var_list)

@@ -39,12 +39,12 @@ class Ranks:
 
 PACKAGE = "horovod"  # the module name; a missing dependency of it is named on its own
 
-# How the gradients cross between ranks, chosen for CPU ranks (docs/horovod.md, "Speed"):
+# How the gradients cross between ranks (docs/horovod.md, "Speed"):
 # Horovod's background thread starts the all-reduces of the tensors every rank has ready
 # once per cycle, by default every 1 ms, so a gradient waits up to a cycle; and it
 # negotiates and all-reduces each gradient on its own as the backward pass makes it. On
 # one-core CPU ranks (the bench, 2 ranks) a 0.2 ms cycle and one grouped all-reduce per step
-# took the MLP's scaling from 0.50 to 0.62 and ResNet-20's from 0.88 to 0.95. The user's
+# took the MLP's scaling from 0.50 to 0.62 and ResNet-20's from 0.88 to 0.92-0.95. The user's
 # HOROVOD_CYCLE_TIME wins; ESTIMATOR_DIST_HOROVOD_GROUPS sets the groups (0: Horovod's own).
 CYCLE_TIME_MS = "0.2"
 GROUPS_VARIABLE = "ESTIMATOR_DIST_HOROVOD_GROUPS"

@@ -22,9 +22,14 @@ OUTSIDE_THE_RUN = ("SIGTERM outside a training step (starting, connecting to its
                    "rerun the same command to resume")
 
 
+def message(error: BaseException) -> str:
+    """An exception's whole message: a TensorFlow OpError's `message`, else str()."""
+    return getattr(error, "message", None) or str(error)
+
+
 def first_line(error: BaseException, limit: int = 300) -> str:
     """An exception's message cut to its first line (TensorFlow's run to many), or its type."""
-    text = (getattr(error, "message", None) or str(error)).strip()
+    text = message(error).strip()
     return text.splitlines()[0][:limit] if text else type(error).__name__
 
 
@@ -32,7 +37,7 @@ def op_error_line(error: BaseException, limit: int = 300) -> str:
     """The line of a TensorFlow OpError that says what failed, without "Graph execution
     error:", the "Detected at node" stack, the "From /job:chief/replica:0/task:0:" line a
     multi-worker error starts with and the "[[{{node ...}}]]" suffix."""
-    for line in (getattr(error, "message", None) or str(error)).splitlines():
+    for line in message(error).splitlines():
         text = re.sub(r"\s*\[\[\{\{node .*$", "", line).strip()
         if text and not line[:1].isspace() and not re.match(
                 r"(Graph execution error:|Detected at node|<stack traces|File |Original stack|Node:|"

@@ -15,7 +15,7 @@ import re
 import tempfile
 from typing import Callable, List, Optional
 
-from estimator_dist.errors import StorageError, UserError
+from estimator_dist.errors import StorageError, UserError, message
 
 # How the OS errors of a write that storage refused read, also once TensorFlow has turned
 # them into OpErrors: (what it means, the fix). A read-only or forbidden directory was told
@@ -41,7 +41,7 @@ def reason_in(error: BaseException) -> Optional[str]:
     """The storage reason `error` carries (its errno, else its text), or None."""
     if isinstance(error, OSError) and error.errno in ERRNOS:
         return ERRNOS[error.errno]
-    text = getattr(error, "message", None) or str(error)
+    text = message(error)
     return next((reason for reason in REASONS if reason in text), None)
 
 
@@ -50,7 +50,7 @@ def _where(error: BaseException) -> str:
     (a relative path too: "runs/d/eval; Read-only file system")."""
     if isinstance(error, OSError) and error.filename:
         return str(error.filename)
-    text = getattr(error, "message", None) or str(error)
+    text = message(error)
     found = re.search(r"([^\s;]*/[^\s;]*)\s*;\s*(?:" + "|".join(REASONS) + ")", text)
     if not found:
         return ""

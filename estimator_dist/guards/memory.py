@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from estimator_dist.errors import OutOfMemory, UserError, op_error_line
+from estimator_dist.errors import OutOfMemory, UserError, message, op_error_line
 
 
 # A constant TensorFlow could not materialize: Grappler folds a large tf.ones/tf.zeros
@@ -23,13 +23,13 @@ def is_out_of_memory(error: BaseException) -> bool:
     or a folded constant whose tensor could not be allocated."""
     return isinstance(error, tf.errors.ResourceExhaustedError) or (
         isinstance(error, tf.errors.InvalidArgumentError) and
-        UNPARSED_CONSTANT in (getattr(error, "message", None) or str(error)))
+        UNPARSED_CONSTANT in message(error))
 
 
 def _failed_allocation(error: tf.errors.OpError) -> str:
     """What could not be allocated, in one line: TensorFlow's OOM line, or for a folded
     constant its node and shape (the message spreads them over many lines)."""
-    text = getattr(error, "message", None) or str(error)
+    text = message(error)
     if UNPARSED_CONSTANT not in text:
         return f"{op_error_line(error)} ({type(error).__name__})"
     shape = re.search(r"tensor_shape \{(.*?)\n\}", text.split(UNPARSED_CONSTANT, 1)[1], re.S)

@@ -25,7 +25,7 @@ import tensorflow as tf
 from estimator_dist import timers
 from estimator_dist.guards import signals
 from estimator_dist.guards import stop_messages
-from estimator_dist.errors import EXIT_PEER_LOST, ReportedError, op_error_line
+from estimator_dist.errors import EXIT_PEER_LOST, ReportedError, message, op_error_line
 
 PEER_STALL_MIN_S = 60.0  # timers.py: peer_stall_min_s
 # A parameter_server worker whose session is not ready after this long: its ps tasks (or the
@@ -56,14 +56,13 @@ def is_peer_error(error: BaseException) -> bool:
     if isinstance(error, PEER_ERRORS):
         return True
     return isinstance(error, tf.errors.FailedPreconditionError) and \
-        INCARNATION in (getattr(error, "message", None) or str(error))
+        INCARNATION in message(error)
 
 
 def is_horovod_shut_down(error: BaseException) -> bool:
     """A Horovod step that failed because another rank ended: that rank's exit says why."""
-    text = getattr(error, "message", None) or str(error)
-    return isinstance(error, tf.errors.OpError) and (HOROVOD_SHUT_DOWN in text or
-                                                     GLOO_TRANSPORT in text)
+    return isinstance(error, tf.errors.OpError) and (HOROVOD_SHUT_DOWN in message(error) or
+                                                     GLOO_TRANSPORT in message(error))
 
 
 class PeerLost(ReportedError):
@@ -83,8 +82,7 @@ def peer_failed(error: tf.errors.OpError, step, latest) -> PeerLost:
 
 
 def rank_ended(error: tf.errors.OpError, step, latest) -> PeerLost:
-    text = getattr(error, "message", None) or str(error)
-    seen = HOROVOD_SHUT_DOWN if HOROVOD_SHUT_DOWN in text else op_error_line(error)
+    seen = HOROVOD_SHUT_DOWN if HOROVOD_SHUT_DOWN in message(error) else op_error_line(error)
     return PeerLost(f"training stopped at step {step}: another Horovod rank ended "
                     f"({seen}; its own line says why); {_resume(latest)}")
 

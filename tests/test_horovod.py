@@ -26,7 +26,7 @@ from estimator_dist.launch import cluster as cluster_launch
 from estimator_dist.training import plan as plan_lib
 from estimator_dist.training import run as runner
 from estimator_dist.errors import UserError
-from support import REPO, Run, alive, checkpoint_steps, wait_for
+from support import REPO, Run, alive, checkpoint_steps, environment, run_cli, wait_for
 
 import horovod_inputs  # noqa: F401 - registers tiny_stream, uneven, crash_once
 
@@ -248,6 +248,20 @@ def test_gradient_groups_one_on_a_cpu_rank_horovods_own_on_a_gpu_rank_or_the_use
         with pytest.raises(UserError, match=f"^ESTIMATOR_DIST_HOROVOD_GROUPS={bad}: must be a "
                                             "whole number, 0 or more"):
             hvd_lib.gradient_groups({hvd_lib.GROUPS_VARIABLE: bad}, gpus=0)
+
+
+@needs_horovod
+def test_a_bad_groups_value_is_one_line_exit_2(tmp_path):
+    """As a user types it: the variable set wrong, `estimator-dist train --strategy horovod`."""
+    done = run_cli("train", "--model", "digits", "--strategy", "horovod", "--train_steps", 2,
+                   "--model_dir", "run", cwd=tmp_path,
+                   env=environment(REPO, ESTIMATOR_DIST_HOROVOD_GROUPS="two"))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "estimator-dist: error: ESTIMATOR_DIST_HOROVOD_GROUPS=two: must be a whole number, 0 or "
+        "more (0: Horovod's own all-reduce per gradient, N: N grouped all-reduces a step); unset "
+        "it for the default"]
+    assert not (tmp_path / "run").exists()
 
 
 class FakeHorovod:

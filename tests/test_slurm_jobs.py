@@ -96,7 +96,8 @@ def test_srun_parameter_server_step_ends_by_itself(slurm_job, tmp_path):
 def test_scancel_signal_usr1_saves_and_the_ps_outlives_the_chiefs_save(slurm_job, tmp_path):
     """`scancel --signal=USR1` signals every task at once, the ps included: the chief saves a
     final checkpoint at the step it reached (SIGUSR1 killed every task at once, exit 138, and
-    a ps gone first took the variables with it), the step exits 143 (retryable)."""
+    a ps gone first took the variables with it), the step exits 143 (retryable); the ps
+    exits on the chief's end, not at its own limit."""
     model_dir = tmp_path / "run"
     # The chief's step in flight and its save get the default deadline after the signal (a
     # full run, the machine loaded by another job's tasks, missed the short 8 s).
@@ -114,6 +115,8 @@ def test_scancel_signal_usr1_saves_and_the_ps_outlives_the_chiefs_save(slurm_job
     assert code == 143 and saved, "\n".join(run.lines + run.errors)
     step = int(re.search(r"SIGUSR1 at step (\d+): saved", saved[0]).group(1))
     assert step > 0 and latest_step(model_dir) == step, saved
+    gave_up = [line for line in run.errors if "a signal stopped this ps task" in line]
+    assert not gave_up, "\n".join(run.errors)
 
 
 def _wait_for_text(path, pattern, seconds):

@@ -62,9 +62,14 @@ def train_in_slurm_step(config, spec):
         step_end.clear_stale(model_dir)
     else:
         step_end.start(model_dir, task, spec.worker_names)
+    def mark_exit_now(error):  # a task that exits at once (signals.exit_now) ends too
+        if spec.marks_its_end:
+            step_end.mark(model_dir, task, error.exit_code)
+
     code = errors.EXIT_INTERNAL
     try:
-        runner.train(config)
+        with signals.on_exit_now(mark_exit_now):
+            runner.train(config)
         code = errors.EXIT_OK
     except errors.ReportedError as e:
         code = e.exit_code

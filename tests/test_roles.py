@@ -252,16 +252,20 @@ def drive(name, signum, tmp_path, monkeypatch):
     from estimator_dist.training import roles as procedures, steps
 
     role = ROLES[name]
-    exits = []
+    exits, events = [], []
 
     def exit_now(error, cleanup=None):  # record, never os._exit
         if cleanup:
             cleanup()
         exits.append(stop_messages.finished_instead(error).exit_code)
+        events.append("exit")
         if threading.current_thread() is threading.main_thread():
             raise Exited(exits[-1])  # the vote's exit at the session's close: nothing follows
 
     monkeypatch.setattr(signals, "exit_now", exit_now)
+    close = tf.compat.v1.Session.close
+    monkeypatch.setattr(tf.compat.v1.Session, "close",
+                        lambda session: (events.append("session close"), close(session))[1])
     monkeypatch.setattr(procedures, "steps", Script(steps, str(tmp_path / "run"), signum, exits))
     # Ctrl-C as in the CLI's process: KeyboardInterrupt (a pytest-xdist worker ignores SIGINT)
     previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -284,7 +288,8 @@ def drive(name, signum, tmp_path, monkeypatch):
         for guard in procedures.steps.guards:  # a cluster task's 20 s deadline after SIGTERM
             if guard._deadline:  # pylint: disable=protected-access
                 guard._deadline.cancel()  # pylint: disable=protected-access
-    return code, procedures.steps.calls, checkpoint_files.index_steps(str(tmp_path / "run"))
+    return (code, procedures.steps.calls, checkpoint_files.index_steps(str(tmp_path / "run")),
+            events)
 
 
 # kind: (steps from start to a normal end, SIGTERM's exit code and the checkpoint steps then,
@@ -343,7 +348,7 @@ def test_every_kind_of_process_has_its_procedure_run_here():
 
 @pytest.mark.parametrize("name", sorted(ROLES))
 def test_a_procedure_from_its_start_to_its_normal_end(name, tmp_path, monkeypatch):
-    code, calls, checkpoints = drive(name, None, tmp_path, monkeypatch)
+    code, calls, checkpoints, _ = drive(name, None, tmp_path, monkeypatch)
     assert (code, calls, checkpoints) == (0, PROCEDURE_RUNS[name][0], [0, LAST_STEP])
 
 
@@ -353,9 +358,13 @@ def test_a_procedure_stopped_by_a_signal_in_training(name, signum, tmp_path, mon
     """SIGTERM: a task that saves finishes its step and saves it, one that votes saves the
     voted step, the others exit at once; every one exits 143, taking no step after its
     training. Ctrl-C: a lone process saves as on SIGTERM and exits 130; a cluster task
-    (stopped by its launcher) exits 130 saving nothing."""
+    (stopped by its launcher) exits 130 saving nothing. One that saved exits before
+    TensorFlow's session close, which waited for tf.data's autotuning thread (a
+    parameter_server chief under Slurm ran past its deadline there)."""
     normal_end, on_sigterm, on_sigint = PROCEDURE_RUNS[name]
-    code, calls, checkpoints = drive(name, signum, tmp_path, monkeypatch)
+    code, calls, checkpoints, events = drive(name, signum, tmp_path, monkeypatch)
     phase = next(i for i, c in enumerate(normal_end) if c.startswith("guarded")) + 2
     assert calls == normal_end[:phase]
     assert (code, checkpoints) == (on_sigterm if signum == signal.SIGTERM else on_sigint)
+    if checkpoints[-1] > 0:
+        assert events[:1] == ["exit"], events

@@ -14,7 +14,6 @@ The votes come about every VOTE_EVERY_S seconds whatever the step time: each
 vote picks the steps to the next from the mean step time it summed, and since
 every worker computes that from the same all-reduced numbers, they all agree.
 """
-import contextlib
 import math
 import sys
 import time
@@ -141,7 +140,5 @@ class ExitAfterTheVoteHook(tf.compat.v1.train.SessionRunHook):
         ran); also from an evaluation that the final save started (EvaluationStopHook)."""
         if self._vote.stopped_at is None or sys.exc_info()[0] is not None:
             return  # not a vote's stop, or a failure on its way out: the guard says it
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        signals.exit_now(preempted(self._vote, self._names_checkpoint, self._model_dir))
+        signals.exit_from_main_thread(
+            preempted(self._vote, self._names_checkpoint, self._model_dir))

@@ -196,6 +196,14 @@ def exit_now(error, cleanup=None):
         process_temp.hard_exit(error.exit_code)  # the main thread may be blocked in TensorFlow
 
 
+def exit_from_main_thread(error):
+    """exit_now from the main thread, its buffered output flushed first (the progress lines)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    exit_now(error)
+
+
 @contextlib.contextmanager
 def exit_on_sigterm(make_error, cleanup=None):
     """Inside: SIGTERM is `exit_now(make_error())`, whatever the main thread is doing."""

@@ -64,10 +64,12 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
     (--accumulate_steps 100000 ignored SIGTERM for minutes).
     """
 
-    def __init__(self, model_dir: str, runs_per_step: int = 1, saves_on_stop: bool = True):
+    def __init__(self, model_dir: str, runs_per_step: int = 1, saves_on_stop: bool = True,
+                 exits_after_save: bool = False):
         self._model_dir = model_dir
         self._runs_per_step = max(1, runs_per_step)
         self._saves_on_stop = saves_on_stop
+        self._exits_after_save = exits_after_save
         self.step: Optional[int] = None
         self.session_created = False  # read by the SIGTERM watcher thread
         self.active = False
@@ -99,7 +101,14 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
         if self._runs % self._runs_per_step == 0:
             self.step += 1
         if self.stop_requested and self._saves_on_stop:
-            raise self._preempt(run_context.session)
+            error = self._preempt(run_context.session)
+            if self._exits_after_save:
+                # Not through TensorFlow's session close, which raising reaches next: its
+                # teardown of the input waited for tf.data's autotuning thread (about 10 s
+                # in 2 of 4 local runs); a parameter_server chief under Slurm ran past its
+                # deadline there, saying "no final checkpoint" beside the one it had saved.
+                signals.exit_from_main_thread(error)
+            raise error
 
     def end(self, session):
         self.active = False
@@ -197,7 +206,8 @@ class TrainingGuard:
         if self.ps_worker:
             self.stall = peers.StallHook(model_dir, lost=peers.PS_PEER)
         self._session_deadline = None
-        self.hook = GuardHook(model_dir, runs_per_step, saves_on_stop=not votes)
+        self.hook = GuardHook(model_dir, runs_per_step, saves_on_stop=not votes,
+                              exits_after_save=True)
         # Finishes its step and saves on SIGTERM; the others exit at once.
         self.handles_sigterm = sigterm in (SAVE, VOTE)
         self._deadline, self._deadline_lock = None, threading.Lock()

@@ -352,3 +352,28 @@ def test_a_hook_that_holds_a_worker_after_its_step_is_not_a_lost_peer(tmp_path, 
             for _ in range(3):
                 session.run(train_op)
     assert exits == []
+
+
+def test_a_stop_during_an_evaluation_between_steps_exits_there(tmp_path, monkeypatch):
+    """SIGTERM during the evaluation Estimator runs right after a save: the process exits
+    there (its checkpoint saved), not through the evaluation's and the training's session
+    closes, whose input teardown waits for tf.data's autotuning thread (about 10 s)."""
+    import tensorflow as tf
+
+    from estimator_dist.guards import training_guard
+
+    exits = []
+
+    def exit_now(error, cleanup=None):  # record; os._exit's place
+        exits.append(str(error))
+        raise SystemExit(error.exit_code)
+
+    monkeypatch.setattr(training_guard.signals, "exit_now", exit_now)
+    guard = training_guard.TrainingGuard(str(tmp_path))
+    (stop_hook,) = guard.attach_eval(tf.estimator.EvalSpec(lambda: None)).hooks
+    guard.hook.active, guard.hook.stop_requested = True, True
+    with pytest.raises(SystemExit) as exited:
+        stop_hook.before_run(None)
+    assert exited.value.code == 143
+    assert len(exits) == 1 and exits[0].startswith(
+        "SIGTERM during an evaluation between training steps: stopped it"), exits

@@ -69,7 +69,7 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
         self._model_dir = model_dir
         self._runs_per_step = max(1, runs_per_step)
         self._saves_on_stop = saves_on_stop
-        self._exits_after_save = exits_after_save
+        self.exits_after_save = exits_after_save
         self.step: Optional[int] = None
         self.session_created = False  # read by the SIGTERM watcher thread
         self.active = False
@@ -102,7 +102,7 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
             self.step += 1
         if self.stop_requested and self._saves_on_stop:
             error = self._preempt(run_context.session)
-            if self._exits_after_save:
+            if self.exits_after_save:
                 # Not through TensorFlow's session close, which raising reaches next: its
                 # teardown of the input waited for tf.data's autotuning thread (about 10 s
                 # in 2 of 4 local runs); a parameter_server chief under Slurm ran past its
@@ -148,8 +148,11 @@ class EvaluationStopHook(tf.compat.v1.train.SessionRunHook):
             self._exit_after_vote.exit_if_voted()
         if self._guard.stop_requested and self._guard.active:
             self._guard.active = False
-            raise stop_messages.preempted_during_evaluation(
+            error = stop_messages.preempted_during_evaluation(
                 tf.train.latest_checkpoint(self._model_dir), self._guard.stop_signal)
+            if self._guard.exits_after_save:  # as GuardHook: not through the session closes
+                signals.exit_from_main_thread(error)
+            raise error
 
 
 # What a process does on SIGTERM (SIGUSR1, SIGUSR2), as its procedure (training/roles.py)

@@ -125,3 +125,29 @@ def test_parameter_server_strategy_refuses_it_on_every_worker(sync_module):
                if line.endswith(f"] estimator-dist: error: {refusal('--strategy parameter_server')}")]
     assert refused and set(refused) <= {"[chief:0", "[worker:0"}, run.text
     assert "colocate_vars_with" not in run.text, run.text
+
+
+def test_a_queue_runner_run_after_the_session_closed_ends_quietly():
+    """The chief's queue runner thread, between two runs while the session closed, started its
+    next run into the closing grpc session: FailedPreconditionError "Session is closed.", a
+    thread traceback after `done` (once in a CI run; a race, played here by a run that raises
+    that error). After QuietShutdownHook's end() it is the runner's normal end, as the
+    CancelledError of a run the close cut off is."""
+    import tensorflow as tf
+
+    from estimator_dist.compat import internals
+
+    def run_into_the_close():
+        raise tf.errors.FailedPreconditionError(None, None, "Session is closed.")
+
+    with tf.Graph().as_default():
+        queue = tf.compat.v1.FIFOQueue(10, tf.float32)
+        enqueue = queue.enqueue([1.0])
+        queue_runner = tf.compat.v1.train.QueueRunner(queue, [enqueue])
+        coord = tf.compat.v1.train.Coordinator()
+        with tf.compat.v1.Session() as session:
+            internals.end_queue_runner_quietly(queue_runner, coord)
+            queue_runner._runs_per_session[session] = 1  # pylint: disable=protected-access
+            session.make_callable = lambda op: run_into_the_close
+            queue_runner._run(session, enqueue, coord)  # pylint: disable=protected-access
+        assert not coord.should_stop(), "the closed session's error reached the coordinator"

@@ -391,11 +391,11 @@ def sync_queue_runner(hook):
 
 
 def end_queue_runner_quietly(runner, coord):
-    """A CancelledError becomes `runner`'s normal end, and the coordinator stops waiting for
-    its threads (whose session run only the session's close cancels)."""
+    """The session's close ending `runner` is its normal end; `coord` stops waiting for it."""
     why = "to end the chief's queue runner quietly"
     closed = tuple(_attr(runner, "_queue_closed_exception_types", why))
-    runner._queue_closed_exception_types = closed + (tf.errors.CancelledError,)
+    runner._queue_closed_exception_types = closed + (tf.errors.CancelledError,
+                                                     tf.errors.FailedPreconditionError)
     prefix = f"QueueRunnerThread-{runner.name}-"
     with _attr(coord, "_lock", why):
         registered = _attr(coord, "_registered_threads", why)

@@ -62,6 +62,7 @@ def train_in_slurm_step(config, spec):
         step_end.clear_stale(model_dir)
     else:
         step_end.start(model_dir, task, spec.worker_names)
+
     def mark_exit_now(error):  # a task that exits at once (signals.exit_now) ends too
         if spec.marks_its_end:
             step_end.mark(model_dir, task, error.exit_code)

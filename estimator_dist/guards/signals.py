@@ -4,7 +4,7 @@ Schedulers preempt with SIGTERM and a grace period before SIGKILL (Kubernetes:
 30 s by default). By default Python dies on SIGTERM at once, losing every step
 since the last periodic checkpoint. During training the signal only sets a flag;
 after the session run in flight, the training guard's GuardHook saves a checkpoint
-with Estimator's own saver and raises Preempted, which skips the evaluation and
+with Estimator's own saver and exits 143, skipping the evaluation and
 export that a normal end of training would start (they could outlast the grace
 period). An evaluation in flight between two training steps is cut short before its
 next batch (EvaluationStopHook). The process exits 143 (128 + SIGTERM), the code

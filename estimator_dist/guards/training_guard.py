@@ -54,7 +54,7 @@ def save_final_checkpoint(session, saver, model_dir: str, step: int) -> str:
 
 
 class GuardHook(tf.compat.v1.train.SessionRunHook):
-    """Knows the global step; on a stop request saves a final checkpoint and raises Preempted.
+    """Knows the global step; on a stop request saves a final checkpoint and exits 143.
 
     Steps are counted from the restored global step, one per `runs_per_step`
     session runs (--accumulate_steps; see accumulate.AccumulateHook), so the step
@@ -64,12 +64,10 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
     (--accumulate_steps 100000 ignored SIGTERM for minutes).
     """
 
-    def __init__(self, model_dir: str, runs_per_step: int = 1, saves_on_stop: bool = True,
-                 exits_after_save: bool = False):
+    def __init__(self, model_dir: str, runs_per_step: int = 1, saves_on_stop: bool = True):
         self._model_dir = model_dir
         self._runs_per_step = max(1, runs_per_step)
         self._saves_on_stop = saves_on_stop
-        self.exits_after_save = exits_after_save
         self.step: Optional[int] = None
         self.session_created = False  # read by the SIGTERM watcher thread
         self.active = False
@@ -101,14 +99,11 @@ class GuardHook(tf.compat.v1.train.SessionRunHook):
         if self._runs % self._runs_per_step == 0:
             self.step += 1
         if self.stop_requested and self._saves_on_stop:
-            error = self._preempt(run_context.session)
-            if self.exits_after_save:
-                # Not through TensorFlow's session close, which raising reaches next: its
-                # teardown of the input waited for tf.data's autotuning thread (about 10 s
-                # in 2 of 4 local runs); a parameter_server chief under Slurm ran past its
-                # deadline there, saying "no final checkpoint" beside the one it had saved.
-                signals.exit_from_main_thread(error)
-            raise error
+            # Exit, not raise into TensorFlow's session close: its teardown of the input
+            # waited for tf.data's autotuning thread (about 10 s in 2 of 4 local runs); a
+            # parameter_server chief under Slurm ran past its deadline there, saying "no
+            # final checkpoint" beside the one it had saved.
+            signals.exit_from_main_thread(self._preempt(run_context.session))
 
     def end(self, session):
         self.active = False
@@ -130,7 +125,7 @@ class EvaluationStopHook(tf.compat.v1.train.SessionRunHook):
     Estimator evaluates between two training steps, right after a checkpoint save
     (its saving listener), so GuardHook only sees the signal when the whole evaluation
     is over, which can outlast the scheduler's grace period. This hook, on the
-    EvalSpec, raises Preempted before the next eval batch instead: the checkpoint
+    EvalSpec, exits 143 before the next eval batch instead: the checkpoint
     just saved is the final one, and no metrics of the cut-off evaluation are
     written (Estimator writes them when an evaluation ends). Evaluations outside
     training (the final one, an evaluator task) never see a stop request here.
@@ -148,11 +143,8 @@ class EvaluationStopHook(tf.compat.v1.train.SessionRunHook):
             self._exit_after_vote.exit_if_voted()
         if self._guard.stop_requested and self._guard.active:
             self._guard.active = False
-            error = stop_messages.preempted_during_evaluation(
-                tf.train.latest_checkpoint(self._model_dir), self._guard.stop_signal)
-            if self._guard.exits_after_save:  # as GuardHook: not through the session closes
-                signals.exit_from_main_thread(error)
-            raise error
+            signals.exit_from_main_thread(stop_messages.preempted_during_evaluation(
+                tf.train.latest_checkpoint(self._model_dir), self._guard.stop_signal))
 
 
 # What a process does on SIGTERM (SIGUSR1, SIGUSR2), as its procedure (training/roles.py)
@@ -209,8 +201,7 @@ class TrainingGuard:
         if self.ps_worker:
             self.stall = peers.StallHook(model_dir, lost=peers.PS_PEER)
         self._session_deadline = None
-        self.hook = GuardHook(model_dir, runs_per_step, saves_on_stop=not votes,
-                              exits_after_save=True)
+        self.hook = GuardHook(model_dir, runs_per_step, saves_on_stop=not votes)
         # Finishes its step and saves on SIGTERM; the others exit at once.
         self.handles_sigterm = sigterm in (SAVE, VOTE)
         self._deadline, self._deadline_lock = None, threading.Lock()

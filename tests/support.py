@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import warm
 from estimator_dist import checkpoint_files, timers
 from estimator_dist.launch.ports import free_ports, release_ports  # noqa: F401 - for tests
 
@@ -50,12 +51,48 @@ def cli_argv(*args):
     return [sys.executable, "-m", "estimator_dist", *map(str, args)]
 
 
-def run_cli(*args, timeout=300, cwd=REPO, env=None):
-    """`python -m estimator_dist ARGS` in a fresh process, as a user runs it: the finished
-    process, with `.seconds` it took."""
+# The subprocess arguments a warm start (warm.py) takes; any other starts a new interpreter.
+WARM_KWARGS = frozenset({"cwd", "env", "stdout", "stderr", "text", "universal_newlines",
+                         "capture_output", "timeout"})
+
+
+def _warm_args(argv, kwargs, cold):
+    """The CLI arguments of `argv` when it can start warm, else None."""
+    argv = [str(a) for a in argv]
+    if cold or argv[:3] != cli_argv() or set(kwargs) - WARM_KWARGS:
+        return None
+    if not (kwargs.get("text") or kwargs.get("universal_newlines")):
+        return None
+    env = kwargs.get("env")
+    return argv[3:] if warm.can_start(argv[3:], os.environ if env is None else env) else None
+
+
+def popen(argv, cold=False, **kwargs):
+    """subprocess.Popen(argv, **kwargs), warm (warm.py) when argv is cli_argv()'s and the
+    arguments allow; `cold`: a new interpreter (a test of what happens while it imports)."""
+    args = _warm_args(argv, kwargs, cold)
+    if args is None:
+        return subprocess.Popen(argv, **kwargs)
+    return warm.Process(args, kwargs.get("cwd") or os.getcwd(), kwargs.get("env"),
+                        kwargs.get("stdout"), kwargs.get("stderr"))
+
+
+def run_argv(argv, cold=False, **kwargs):
+    """subprocess.run(argv, **kwargs), warm as popen() is (capture_output=True)."""
+    args = _warm_args(argv, kwargs, cold)
+    if args is None or not kwargs.get("capture_output"):
+        return subprocess.run(argv, **kwargs)
+    return warm.run(args, cwd=kwargs.get("cwd") or os.getcwd(), env=kwargs.get("env"),
+                    timeout=kwargs.get("timeout"))
+
+
+def run_cli(*args, timeout=300, cwd=REPO, env=None, cold=False):
+    """`python -m estimator_dist ARGS` in a process of its own, as a user runs it (warm.py:
+    started warm where that is the same; `cold`: a new interpreter): the finished process,
+    with `.seconds` it took."""
     started = time.monotonic()
-    done = subprocess.run(cli_argv(*args), cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    done = run_argv(cli_argv(*args), cold=cold, cwd=cwd, env=env, capture_output=True,
+                    text=True, timeout=timeout)
     done.seconds = time.monotonic() - started
     return done
 
@@ -159,10 +196,11 @@ class Run:
     together in `lines`, or stderr apart in `errors` (stderr_apart)."""
 
     def __init__(self, args, timeout=300, cwd=REPO, command="cluster", env=None,
-                 stderr_apart=False, prefix=()):
+                 stderr_apart=False, prefix=(), cold=False):
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(  # prefix: e.g. srun's argv, which runs the command
-            [*map(str, prefix), *cli_argv(command, *args)], cwd=cwd, env=env or environment(), stdout=subprocess.PIPE,
+        self.proc = popen(  # prefix: e.g. srun's argv, which runs the command
+            [*map(str, prefix), *cli_argv(command, *args)], cold=cold, cwd=cwd,
+            env=env or environment(), stdout=subprocess.PIPE,
             stderr=subprocess.PIPE if stderr_apart else subprocess.STDOUT, text=True)
         self.lines, self.errors = [], []
         self.times = []  # when each of `lines` came (time.monotonic())

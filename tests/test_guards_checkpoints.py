@@ -6,7 +6,6 @@ before any step runs and before anything in model_dir changes.
 """
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import guard_models  # noqa: F401 - registers guard_mlp
+import support
 import tiny_models
 from conftest import make_config
 from estimator_dist.guards import checkpoints
@@ -337,8 +337,8 @@ def test_a_relative_model_dir_resumes_without_a_false_state_file_repair(tmp_path
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(tests), tests])}
     argv = [sys.executable, "-m", "estimator_dist", "train", "--import", "guard_models",
             "--model", "guard_mlp", "--model_dir", os.path.join("runs", "d")]
-    outputs = [subprocess.run(argv + ["--train_steps", str(steps)], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120)
+    outputs = [support.run_argv(argv + ["--train_steps", str(steps)], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=120)
                for steps in (2, 4)]
     assert [r.returncode for r in outputs] == [0, 0], outputs[1].stderr
     resumed = outputs[1].stdout

@@ -27,6 +27,7 @@ from estimator_dist import files
 from estimator_dist.guards import training_guard as guards
 from estimator_dist.guards import memory
 from estimator_dist.cli.main import main
+import support
 from support import REPO, TESTS, cli_argv, environment as child_environment, latest_step
 from estimator_dist.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_STORAGE,
                                    EXIT_USER, OutOfMemory, Preempted, StorageError, UserError)
@@ -45,14 +46,15 @@ def environment():
 
 
 def run(argv, preexec_fn=None):
-    return subprocess.run(argv, cwd=REPO, env=environment(), capture_output=True, text=True,
-                          timeout=TIMEOUT, preexec_fn=preexec_fn)
+    extra = {"preexec_fn": preexec_fn} if preexec_fn else {}
+    return support.run_argv(argv, cwd=REPO, env=environment(), capture_output=True, text=True,
+                            timeout=TIMEOUT, **extra)
 
 
 def start_and_signal(argv, sig, until_step):
     """Start a training process, wait for the progress line of `until_step`, send `sig`."""
-    proc = subprocess.Popen(argv, cwd=REPO, env=environment(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = support.popen(argv, cwd=REPO, env=environment(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + TIMEOUT
     try:
         for line in proc.stdout:
@@ -74,8 +76,8 @@ def start_and_signal(argv, sig, until_step):
 def signal_when(argv, ready, what: str, sig=signal.SIGTERM):
     """Start `argv`, wait until `ready()` while it runs, send `sig`: (exit code, stderr,
     seconds from the signal to the exit)."""
-    proc = subprocess.Popen(argv, cwd=REPO, env=environment(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = support.popen(argv, cwd=REPO, env=environment(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + TIMEOUT
         while not ready():
@@ -226,10 +228,10 @@ def test_a_second_run_into_a_model_dir_in_use_is_refused_and_a_killed_one_blocks
         tmp_path):
     """Two runs into one model_dir both exited 0, their checkpoints interleaved; the lock a
     kill -9 leaves behind (its file, naming the dead PID) must not block the next run."""
-    first = subprocess.Popen(train_argv(tmp_path, "--train_steps", 100000,
-                                        "--save_checkpoints_steps", 50000),
-                             cwd=REPO, env=environment(), stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True)
+    first = support.popen(train_argv(tmp_path, "--train_steps", 100000,
+                                     "--save_checkpoints_steps", 50000),
+                          cwd=REPO, env=environment(), stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True)
     try:
         for line in first.stdout:
             if line.startswith("step "):

@@ -13,7 +13,7 @@ import pytest
 from estimator_dist.launch import supervisor as launcher
 import platform_configs as platforms
 from conftest import supervise
-from support import checkpoint_steps
+from support import checkpoint_steps, popen
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ["--model", "digits", "--batch_size", "32", "--seed", "1"]
@@ -23,8 +23,8 @@ def start(args, tf_config, log, extra_env=None, module=("-m", "estimator_dist", 
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "CLUSTER_SPEC")}
     env.update({"TF_CONFIG": tf_config} if tf_config else {})
     env.update(extra_env or {})
-    return subprocess.Popen([sys.executable, *module, *args], cwd=REPO, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    return popen([sys.executable, *module, *args], cwd=REPO, env=env, stdout=log,
+                 stderr=subprocess.STDOUT, text=True)
 
 
 class Tasks:

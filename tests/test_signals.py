@@ -19,7 +19,7 @@ from estimator_dist.launch import supervisor as launcher
 
 from estimator_dist.launch import cluster as cluster_launch
 from estimator_dist import timers
-from support import (REPO, TRAIN, cli_argv, environment, kill_left, short_timers_setting,
+from support import (REPO, TRAIN, cli_argv, environment, kill_left, popen, short_timers_setting,
                      wait_dead)
 
 OUTSIDE_THE_RUN = ("SIGTERM outside a training step (starting, connecting to its peers or "
@@ -38,18 +38,18 @@ ROLES = {
 }
 
 
-def start_task(role, model_dir, *extra):
-    """`estimator-dist train` as one task of a cluster whose other tasks never come."""
+def start_task(role, model_dir, *extra, cold=False):
+    """`estimator-dist train` as one task of a cluster whose other tasks never come (`cold`:
+    a new interpreter, which imports TensorFlow; support.popen)."""
     strategy, types, (task_type, index) = ROLES[role]
     ports = launcher.free_ports(len(types))
     cluster = {t: [f"127.0.0.1:{p}"] for t, p in zip(types, ports)}
     env = environment(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": task_type,
                                                                          "index": index},
                                              "environment": "cloud"}))
-    proc = subprocess.Popen(cli_argv("train", "--strategy", strategy, "--model_dir", model_dir,
-                                     "--train_steps", "50", *extra, *TRAIN),
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = popen(cli_argv("train", "--strategy", strategy, "--model_dir", model_dir,
+                          "--train_steps", "50", *extra, *TRAIN), cold=cold,
+                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc.own_port = ports[types.index(task_type)]
     return proc
 
@@ -105,7 +105,7 @@ def test_sigterm_at_any_phase_is_one_line_and_exit_143_in_every_role(role, phase
     (a fixed 1.5 s and 12 s were a phase too early or too late under load). A ps task or a
     parameter-server worker died by the raw signal (-15) without a line; an MWMS task still
     connecting ignored SIGTERM until SIGKILL (35-60 s)."""
-    proc = start_task(role, tmp_path / "run")
+    proc = start_task(role, tmp_path / "run", cold=phase == "importing")
     if phase == "importing":
         wait_until_importing(proc)
     else:
@@ -185,10 +185,10 @@ def test_an_idle_evaluator_backs_off_instead_of_spinning(tmp_path):
 
 def start_cluster(tmp_path, *flags):
     """`estimator-dist cluster ... 2>&1 | tee`: the launcher writes into a pipe."""
-    return subprocess.Popen(cli_argv("cluster", *flags, "--train_steps", "1000000",
-                                     "--save_checkpoints_steps", "1000000", "--model_dir",
-                                     tmp_path / "run", *TRAIN),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return popen(cli_argv("cluster", *flags, "--train_steps", "1000000",
+                          "--save_checkpoints_steps", "1000000", "--model_dir", tmp_path / "run",
+                          *TRAIN),
+                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def read_until_training(proc, tasks):

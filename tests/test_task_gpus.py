@@ -2,12 +2,12 @@
 are handed in)."""
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 import yaml
 
+import support
 from conftest import REPO, run_cli
 from estimator_dist.launch import supervisor as launcher
 from estimator_dist.launch import cluster as cluster_launch
@@ -63,7 +63,7 @@ def test_every_task_starts_with_its_own_cuda_visible_devices():
 
 def test_cluster_refuses_an_impossible_split_before_starting_anything(tmp_path):
     """A real `cluster` launch with the launcher's GPUs given by CUDA_VISIBLE_DEVICES."""
-    result = subprocess.run(
+    result = support.run_argv(
         [sys.executable, "-m", "estimator_dist", "cluster", "--workers", "3", "--batch_size",
          "63", "--model_dir", str(tmp_path / "run")],
         cwd=REPO, capture_output=True, text=True, timeout=120,

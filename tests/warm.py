@@ -1,0 +1,306 @@
+"""The CLI's processes started warm: forks of a process that already imported TensorFlow.
+
+A test's `python -m estimator_dist ...` spends about 3 CPU-seconds importing TensorFlow
+before it parses a flag (2.5-3 s measured per process on the 2-core machine; some 200 test
+processes: a quarter of the suite's CPU). Each pytest worker starts one server (this file
+run as a script) that does what every CLI process does before it parses its arguments (the
+quiet configuration, TensorFlow's import, no session, no thread of ours) and then waits. For
+each run a test asks for, it forks: the child takes the test's argv, environment, working
+directory and standard streams, resets what a fresh interpreter has, and runs the
+`estimator_dist` module as `python -m` does, to the interpreter's own exit. So the run is a
+process of its own (real signals, exit code, pid, output), the same code from
+`estimator_dist/__main__.py` on; only the import is shared.
+
+Cold (a new interpreter, as before) when the run differs before that point: `--verbose`
+(TensorFlow's C++ log level is read at its import), an environment whose import-time
+variables (IMPORT_TIME) differ from the server's, or ESTIMATOR_DIST_TEST_WARM=0 for the whole
+suite. The children of a worker's server share one hash seed (PYTHONHASHSEED), drawn at the
+server's start: a test that compares runs for an order string hashing could change starts
+them cold (`cold=True`).
+"""
+import gc
+import io
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ENV = "ESTIMATOR_DIST_TEST_WARM"
+# Read while TensorFlow is imported (or by the interpreter at its start): a run whose values
+# differ starts cold. The CLI sets TF_ENABLE_ONEDNN_OPTS to 1 when unset (cli/main.py).
+IMPORT_TIME = ("TF_ENABLE_ONEDNN_OPTS", "TF_CPP_MIN_VLOG_LEVEL", "TF_CPP_VMODULE",
+               "TF2_BEHAVIOR", "TF_USE_LEGACY_KERAS", "KERAS_BACKEND", "LD_PRELOAD",
+               "LD_LIBRARY_PATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONIOENCODING",
+               "PYTHONUTF8", "LANG", "LC_ALL", "LC_CTYPE", "PYTHONSAFEPATH", "PYTHONHOME")
+DEFAULTS = {"TF_ENABLE_ONEDNN_OPTS": "1"}
+
+
+def import_time_values(env) -> dict:
+    return {k: env.get(k, DEFAULTS.get(k)) for k in IMPORT_TIME}
+
+
+# --- the server (a pytest worker's child) ---------------------------------------------------
+
+def serve(path: str):
+    """Prepare as a CLI process does, then fork a child per request; only children return
+    (the request), the server itself exits when its pytest worker does."""
+    values = import_time_values(os.environ)  # before the import (TensorFlow sets some)
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # as cli/main.py, before the import
+    from estimator_dist import quiet
+
+    quiet.configure(verbose=False)
+    gc.freeze()  # the import's objects: no collection in a child walks (and copies) them
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the fd above
+    added = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    base_path = [p for p in sys.path[1:] if p not in added]  # [0]: this file's directory
+    print(json.dumps({"values": values}), flush=True)
+    children = {}  # pid -> the connection of the test that asked for it
+    while True:
+        ready, _, _ = select.select([sys.stdin, listener, wake_r], [], [])
+        if sys.stdin in ready and not os.read(0, 512):  # the pytest worker is gone
+            return None, None
+        if wake_r in ready:
+            os.read(wake_r, 512)
+            _report_ended(children)
+        if listener in ready:
+            conn, _ = listener.accept()
+            request, fds = _receive(conn)
+            request["base_path"] = base_path
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for sock in [listener, conn, *children.values()]:
+                    sock.close()
+                os.close(wake_r)
+                os.close(wake_w)
+                return request, fds
+            for fd in fds:
+                os.close(fd)
+            children[pid] = conn
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+
+
+def _receive(conn):
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    while not data.endswith(b"\n"):
+        more = conn.recv(1 << 20)
+        if not more:
+            break
+        data += more
+    return json.loads(data), fds
+
+
+def _report_ended(children):
+    while children:
+        try:
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is None:
+            continue
+        cpu = usage.ru_utime + usage.ru_stime
+        try:
+            conn.sendall(json.dumps({"status": status, "cpu": cpu}).encode() + b"\n")
+        except OSError:  # the test is gone
+            pass
+        conn.close()
+
+
+def become(request, fds):
+    """In the forked child: the process `python -m estimator_dist ARGS` would be by now."""
+    env = request["env"]
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None  # found again from this environment's TMPDIR at first use
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    encoding, errors = sys.stdout.encoding, sys.stdout.errors
+    sys.stdin = sys.__stdin__ = _text(0, "r", encoding, errors, False)
+    sys.stdout = sys.__stdout__ = _text(1, "w", encoding, errors, unbuffered)
+    sys.stderr = sys.__stderr__ = _text(2, "w", encoding, "backslashreplace", True)
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    # sys.path as `python -m` builds it: the working directory, PYTHONPATH, then the rest.
+    added = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [os.getcwd(), *added, *request["base_path"]]
+    sys.argv = ["-m", *request["args"]]  # runpy sets argv[0] to the module's file
+    if "numpy" in sys.modules:  # a new interpreter draws its global RandomState afresh
+        sys.modules["numpy"].random.seed()
+
+
+def _text(fd, mode, encoding, errors, write_through):
+    raw = io.open(fd, mode + "b", buffering=0, closefd=False)
+    if mode == "r":
+        return io.TextIOWrapper(io.BufferedReader(raw), encoding=encoding, errors=errors)
+    buffered = raw if write_through else io.BufferedWriter(raw)
+    return io.TextIOWrapper(buffered, encoding=encoding, errors=errors,
+                            line_buffering=os.isatty(fd) or fd == 2, write_through=write_through)
+
+
+# --- the test's side --------------------------------------------------------------------------
+
+_server = {}
+_lock = threading.Lock()
+# CPU seconds of the warm children that ended in this process's tests (cpu_report.py adds
+# them: they are the server's children, not this process's).
+ended_cpu = [0.0]
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+def _start_server():
+    """The worker's server, started at its first warm run: its socket's path and import-time
+    values. It ends when this process does (its stdin, our pipe, reaches EOF)."""
+    with _lock:
+        if "path" not in _server:
+            path = os.path.join(tempfile.mkdtemp(prefix="estimator-dist-warm-"), "socket")
+            proc = subprocess.Popen([sys.executable, __file__, path], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True)
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the warm CLI server exited with code {proc.wait()}")
+            _server.update(path=path, proc=proc, values=json.loads(line)["values"])
+        return _server
+
+
+def can_start(args, env) -> bool:
+    """Whether `python -m estimator_dist ARGS` in `env` can start warm (module docstring)."""
+    if not enabled() or "--verbose" in args:
+        return False
+    return import_time_values(env) == _start_server()["values"]
+
+
+class Process:
+    """A warm child, used as a subprocess.Popen of `cli_argv(*args)`: pid, stdout/stderr
+    (PIPE: text files), poll(), wait(timeout), send_signal(), terminate(), kill(),
+    returncode (negative: the signal that ended it)."""
+
+    def __init__(self, args, cwd, env, stdout=None, stderr=None):
+        server = _start_server()
+        self.args = [sys.executable, "-m", "estimator_dist", *args]
+        self.returncode = None
+        self.cpu = 0.0
+        theirs = []  # the fds the child gets that are ours to close once it has them
+        self.stdout = self.stderr = None
+        out_fd = self._pipe("stdout", stdout, theirs)
+        err_fd = out_fd if stderr == subprocess.STDOUT else self._pipe("stderr", stderr, theirs)
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._conn.connect(server["path"])
+        request = {"args": list(args), "cwd": os.path.abspath(cwd),
+                   "env": dict(os.environ if env is None else env)}
+        socket.send_fds(self._conn, [json.dumps(request).encode() + b"\n"], [0, out_fd, err_fd])
+        for fd in theirs:
+            os.close(fd)
+        self._reply = self._conn.makefile("rb")
+        self.pid = json.loads(self._reply.readline())["pid"]
+
+    def _pipe(self, name, target, theirs):
+        """The fd the child writes `name` to: a pipe's (PIPE: self.NAME reads it, as text),
+        /dev/null's, the given file's or fd, or ours."""
+        if target == subprocess.PIPE:
+            r, w = os.pipe()
+            setattr(self, name, os.fdopen(r, "r"))
+            theirs.append(w)
+            return w
+        if target is None:
+            return 1 if name == "stdout" else 2
+        if target == subprocess.DEVNULL:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            theirs.append(fd)
+            return fd
+        return target if isinstance(target, int) else target.fileno()
+
+    def _ended(self, line):
+        reply = json.loads(line)
+        status = reply["status"]
+        self.returncode = (-os.WTERMSIG(status) if os.WIFSIGNALED(status)
+                           else os.WEXITSTATUS(status))
+        self.cpu = reply["cpu"]
+        ended_cpu[0] += self.cpu
+        self._reply.close()
+        self._conn.close()
+
+    def poll(self):
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            self._ended(self._reply.readline())
+        return self.returncode
+
+    def wait(self, timeout=None):
+        if self.returncode is None:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._ended(self._reply.readline())
+        return self.returncode
+
+    def communicate(self, timeout=None):
+        """(the rest of stdout, of stderr) once both reach EOF and the process ended, as
+        Popen.communicate: a process it left holding a pipe keeps it from EOF."""
+        streams = [s for s in (self.stdout, self.stderr) if s is not None]
+        texts = {}
+        readers = [threading.Thread(target=lambda s=s: texts.__setitem__(s, s.read()),
+                                    daemon=True) for s in streams]
+        for reader in readers:
+            reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        for stream in streams:
+            stream.close()
+        return (texts.get(self.stdout) if self.stdout else None,
+                texts.get(self.stderr) if self.stderr else None)
+
+    def send_signal(self, signum):
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self):
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+
+def run(args, cwd, env, timeout):
+    """subprocess.run(cli_argv(*args), capture_output=True, text=True, timeout=...) warm."""
+    proc = Process(args, cwd, env, subprocess.PIPE, subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+if __name__ == "__main__":
+    _request, _fds = serve(sys.argv[1])  # returns in each forked child, and at the end
+    if _request is None:
+        sys.exit(0)
+    become(_request, _fds)
+    del _request, _fds
+    import runpy
+
+    runpy.run_module("estimator_dist", run_name="__main__", alter_sys=True)

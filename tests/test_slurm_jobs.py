@@ -14,6 +14,7 @@ from support import (TRAIN, Run, checkpoint_steps, run_cli, environment, final_e
                      short_timers_setting, slurm_up, srun_cli, wait_for)
 from estimator_dist import timers
 from estimator_dist.guards import signals
+from test_elastic_launcher import USER_MODEL
 
 
 # One Slurm job of this file at a time: the node's CPUs are the machine's 2 cores (a full
@@ -164,8 +165,12 @@ def test_sbatch_job_is_requeued_before_its_time_limit_and_resumes_at_the_saved_s
     requeued run resumes at exactly the saved step: no step lost (at the limit itself Slurm
     ended the job TIMEOUT, not requeued, losing every step since the last checkpoint)."""
     script = tmp_path / "job.sbatch"
+    # A user's model whose every step also sleeps 0.1 s, as a real step takes time: the job
+    # trains until Slurm's signal (minutes) on a fraction of a core, not one of the two.
+    (tmp_path / "slow_mlp.py").write_text(USER_MODEL)
     made = run_cli("sbatch", "--workers", 1, "--job_name", slurm_job, "--time", 5,
-                   "--signal_before", 150, "--output", script, *TRAIN, "--train_steps", 1000000,
+                   "--signal_before", 150, "--output", script, "--import", "slow_mlp", "--model",
+                   "slow_mlp", "--batch_size", 32, "--seed", 1, "--train_steps", 1000000,
                    "--save_checkpoints_steps", 500000, "--model_dir", "run", cwd=tmp_path,
                    env=step_env())
     assert made.returncode == 0, made.stderr

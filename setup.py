@@ -28,7 +28,8 @@ setup(
     packages=find_packages(include=["estimator_dist*", "model_fns*", "input_fns*"]),
     install_requires=INSTALL_REQUIRES,
     # pytest-xdist: `make test` runs a worker per core; pytest-cov: coverage of estimator_dist/.
-    extras_require={"test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5,<4",
+    # pytest < 9: pytest 9.2 ignores xdist 3.8's `--dist loadgroup` (tests/conftest.py checks).
+    extras_require={"test": ["pytest>=7,<9", "pytest-timeout>=2.1", "pytest-xdist>=3.5,<4",
                              "pytest-cov>=5,<8"]},
     entry_points={"console_scripts": ["estimator-dist=estimator_dist.cli.main:main"]},
 )

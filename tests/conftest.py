@@ -221,6 +221,25 @@ def pytest_collection_modifyitems(config, items):
     longest_first(items)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """A pytest-xdist worker under `--dist loadgroup` gives a grouped test the id `ID@group`,
+    by which the tests of a group go to one worker. pytest 9.2 ignores that (a test's id is
+    no longer the attribute xdist sets): the groups ran on both workers, two Slurm jobs at
+    once (one waited minutes for the node's CPUs) and module fixtures built on each. Refuse
+    such a run before any test (setup.py pins pytest < 9)."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:  # the worker's own error is an INTERNALERROR in the controller: say it first
+        message = (f"pytest {pytest.__version__} dropped pytest-xdist's group of {lost[0]} (and "
+                   f"{len(lost) - 1} more): `--dist loadgroup` would split the groups; install "
+                   f"pytest < 9 (make venv)")
+        sys.stderr.write(message + "\n")
+        raise pytest.UsageError(message)
+
+
 def longest_first(items):
     """Order the tests process tier first, then slow, then the unit tests (a group, above,
     goes as a unit where its longest tier does), each in file order. pytest-xdist hands the

@@ -210,14 +210,18 @@ def shares_a_module_fixture(item) -> bool:
     return any(defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values())
 
 
+def pytest_itemcollected(item):
+    """Before any pytest_collection_modifyitems: pytest-xdist's names a test by its group."""
+    if shares_a_module_fixture(item):  # its file's tests on one worker: one fixture build
+        item.add_marker(pytest.mark.xdist_group(os.path.basename(str(item.path))))
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if is_process_test(item):
             item.add_marker(pytest.mark.process)
         if _test_id(item) in SLOW:
             item.add_marker(pytest.mark.slow)
-        if shares_a_module_fixture(item):  # its file's tests on one worker: one fixture build
-            item.add_marker(pytest.mark.xdist_group(os.path.basename(str(item.path))))
     longest_first(items)
 
 
@@ -225,17 +229,19 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """A pytest-xdist worker under `--dist loadgroup` gives a grouped test the id `ID@group`,
     by which the tests of a group go to one worker. pytest 9.2 ignores that (a test's id is
-    no longer the attribute xdist sets): the groups ran on both workers, two Slurm jobs at
-    once (one waited minutes for the node's CPUs) and module fixtures built on each. Refuse
-    such a run before any test (setup.py pins pytest < 9)."""
+    no longer the attribute xdist sets), and a group marked after xdist's hook ran is missed:
+    the groups ran on both workers, two Slurm jobs at once (one waited minutes for the node's
+    CPUs) and module fixtures built on each. Refuse such a run before any test (setup.py
+    pins pytest < 9; the groups are marked in pytest_itemcollected)."""
     if not getattr(session.config.option, "loadgroup", False):
         return
     lost = [item.nodeid for item in session.items
             if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
     if lost:  # the worker's own error is an INTERNALERROR in the controller: say it first
-        message = (f"pytest {pytest.__version__} dropped pytest-xdist's group of {lost[0]} (and "
-                   f"{len(lost) - 1} more): `--dist loadgroup` would split the groups; install "
-                   f"pytest < 9 (make venv)")
+        message = (f"the xdist_group of {lost[0]} (and {len(lost) - 1} more) is not in its id: "
+                   f"`--dist loadgroup` would split the groups (pytest {pytest.__version__}: "
+                   f"9.2 drops them, install pytest < 9 with make venv; a group marked after "
+                   f"pytest_itemcollected comes too late)")
         sys.stderr.write(message + "\n")
         raise pytest.UsageError(message)
 

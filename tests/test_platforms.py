@@ -23,8 +23,10 @@ def start(args, tf_config, log, extra_env=None, module=("-m", "estimator_dist", 
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "CLUSTER_SPEC")}
     env.update({"TF_CONFIG": tf_config} if tf_config else {})
     env.update(extra_env or {})
-    return popen([sys.executable, *module, *args], cwd=REPO, env=env, stdout=log,
-                 stderr=subprocess.STDOUT, text=True)
+    # cold: each host's command is a new interpreter, as the platform starts it (a warm
+    # SageMaker worker once never ended after its master did; cause not found).
+    return popen([sys.executable, *module, *args], cold=True, cwd=REPO, env=env, stdout=log,
+                 stderr=subprocess.STDOUT)
 
 
 class Tasks:

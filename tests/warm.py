@@ -199,7 +199,6 @@ class Process:
         server = _start_server()
         self.args = [sys.executable, "-m", "estimator_dist", *args]
         self.returncode = None
-        self.cpu = 0.0
         theirs = []  # the fds the child gets that are ours to close once it has them
         self.stdout = self.stderr = None
         out_fd = self._pipe("stdout", stdout, theirs)
@@ -235,8 +234,7 @@ class Process:
         status = reply["status"]
         self.returncode = (-os.WTERMSIG(status) if os.WIFSIGNALED(status)
                            else os.WEXITSTATUS(status))
-        self.cpu = reply["cpu"]
-        ended_cpu[0] += self.cpu
+        ended_cpu[0] += reply["cpu"]
         self._reply.close()
         self._conn.close()
 

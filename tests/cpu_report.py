@@ -27,7 +27,7 @@ def _cpu_seconds():
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-            + warm.ended_cpu[0])
+            + warm.ended_cpu())
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -183,11 +183,11 @@ def test_an_idle_evaluator_backs_off_instead_of_spinning(tmp_path):
     assert min(ratios) < 0.1, f"{min(ratios):.3f} of a busy loop's CPU at the least, while idle"
 
 
-def start_cluster(tmp_path, *flags):
+def start_cluster(tmp_path, *flags, cold=False):
     """`estimator-dist cluster ... 2>&1 | tee`: the launcher writes into a pipe."""
     return popen(cli_argv("cluster", *flags, "--train_steps", "1000000",
                           "--save_checkpoints_steps", "1000000", "--model_dir", tmp_path / "run",
-                          *TRAIN),
+                          *TRAIN), cold=cold,
                  cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -223,8 +223,8 @@ def test_ctrl_c_with_the_output_pipe_closed_still_stops_every_task(tmp_path):
 
 def test_tasks_die_with_their_launcher(tmp_path):
     """SIGKILL to the launcher: the kernel sends each task SIGTERM (PR_SET_PDEATHSIG); they
-    stayed alive with PPID 1."""
-    proc = start_cluster(tmp_path, "--workers", "1", "--evaluator")
+    stayed alive with PPID 1. Cold: its tasks are the launcher's own children, as a user's."""
+    proc = start_cluster(tmp_path, "--workers", "1", "--evaluator", cold=True)
     pids = read_until_training(proc, ["chief:0", "evaluator:0"])
     try:
         proc.kill()

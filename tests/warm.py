@@ -9,7 +9,11 @@ each run a test asks for, it forks: the child takes the test's argv, environment
 directory and standard streams, resets what a fresh interpreter has, and runs the
 `estimator_dist` module as `python -m` does, to the interpreter's own exit. So the run is a
 process of its own (real signals, exit code, pid, output), the same code from
-`estimator_dist/__main__.py` on; only the import is shared.
+`estimator_dist/__main__.py` on; only the import is shared. A warm launcher (`cluster`, the
+elastic and Horovod launchers) starts its tasks from the same server (_LauncherSubprocess):
+some 120 more processes of the suite; the server does what the launcher's preexec_fn does
+(SIGTERM to its tasks when it ends). A test of the task start itself starts the launcher
+cold, and so its tasks.
 
 Cold (a new interpreter, as before) when the run differs before that point: `--verbose`
 (TensorFlow's C++ log level is read at its import), an environment whose import-time
@@ -66,31 +70,40 @@ def serve(path: str):
     added = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     base_path = [p for p in sys.path[1:] if p not in added]  # [0]: this file's directory
     print(json.dumps({"values": values}), flush=True)
-    children = {}  # pid -> the connection of the test that asked for it
+    children = {}  # pid -> the connection of the process that asked for it
+    parents = {}  # a launcher's pidfd -> (its pid, its tasks' pids): die_with
+    cpu = [0.0, os.path.join(os.path.dirname(path), CPU_FILE)]
     while True:
-        ready, _, _ = select.select([sys.stdin, listener, wake_r], [], [])
+        ready, _, _ = select.select([sys.stdin, listener, wake_r, *parents], [], [])
         if sys.stdin in ready and not os.read(0, 512):  # the pytest worker is gone
             return None, None
         if wake_r in ready:
             os.read(wake_r, 512)
-            _report_ended(children)
+            _report_ended(children, cpu)
+        for pidfd in [fd for fd in parents if fd in ready]:  # a launcher ended
+            _signal_alive(parents.pop(pidfd)[1], children)
+            os.close(pidfd)
         if listener in ready:
             conn, _ = listener.accept()
             request, fds = _receive(conn)
-            request["base_path"] = base_path
+            request.update(base_path=base_path, server={"path": path, "values": values})
             pid = os.fork()
             if pid == 0:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 for sock in [listener, conn, *children.values()]:
                     sock.close()
-                os.close(wake_r)
-                os.close(wake_w)
+                for fd in [wake_r, wake_w, *parents]:
+                    os.close(fd)
+                if request.get("session"):
+                    os.setsid()
                 return request, fds
             for fd in fds:
                 os.close(fd)
             children[pid] = conn
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            if request.get("die_with"):
+                _die_with(request["die_with"], pid, parents, children)
 
 
 def _receive(conn):
@@ -103,7 +116,26 @@ def _receive(conn):
     return json.loads(data), fds
 
 
-def _report_ended(children):
+def _die_with(parent, pid, parents, children):
+    """What the launcher's preexec_fn (supervisor.die_with_parent: PR_SET_PDEATHSIG) does for
+    a task it forks: SIGTERM to the task when `parent` ends, or now if it already has."""
+    for launcher, pids in parents.values():
+        if launcher == parent:
+            pids.append(pid)
+            return
+    try:
+        parents[os.pidfd_open(parent)] = (parent, [pid])
+    except ProcessLookupError:
+        _signal_alive([pid], children)
+
+
+def _signal_alive(pids, children):
+    for pid in pids:
+        if pid in children:  # not yet reaped: its pid is still its own
+            os.kill(pid, signal.SIGTERM)
+
+
+def _report_ended(children, cpu):
     while children:
         try:
             pid, status, usage = os.wait4(-1, os.WNOHANG)
@@ -114,9 +146,12 @@ def _report_ended(children):
         conn = children.pop(pid, None)
         if conn is None:
             continue
-        cpu = usage.ru_utime + usage.ru_stime
+        cpu[0] += usage.ru_utime + usage.ru_stime
+        with open(cpu[1] + ".new", "w") as f:  # before the status: a waiter reads it after
+            f.write(f"{cpu[0]:.3f}")
+        os.replace(cpu[1] + ".new", cpu[1])
         try:
-            conn.sendall(json.dumps({"status": status, "cpu": cpu}).encode() + b"\n")
+            conn.sendall(json.dumps({"status": status}).encode() + b"\n")
         except OSError:  # the test is gone
             pass
         conn.close()
@@ -144,6 +179,34 @@ def become(request, fds):
     sys.argv = ["-m", *request["args"]]  # runpy sets argv[0] to the module's file
     if "numpy" in sys.modules:  # a new interpreter draws its global RandomState afresh
         sys.modules["numpy"].random.seed()
+    _server.update(request["server"])  # this process's own warm starts: the same server
+    from estimator_dist.launch import supervisor
+
+    supervisor.subprocess = _LauncherSubprocess()
+
+
+class _LauncherSubprocess:
+    """`subprocess` as launch/supervisor.py sees it in a warm process: a launcher's task
+    (`python -m estimator_dist train ...`, its one Popen) starts warm too, as the CLI's
+    processes do and under the same rules (can_start); the rest as always. Its Popen's
+    arguments are the task's: env, stdout (PIPE, bytes), stderr (STDOUT),
+    start_new_session and preexec_fn, which is supervisor.die_with_parent (done by the
+    server: SIGTERM to the task when its launcher ends)."""
+    TASK_KWARGS = frozenset({"env", "stdout", "stderr", "start_new_session", "preexec_fn"})
+
+    def __getattr__(self, name):
+        return getattr(subprocess, name)
+
+    def Popen(self, argv, **kwargs):  # noqa: N802 - subprocess.Popen's name
+        args = list(argv[3:])
+        env = kwargs.get("env")
+        if (list(argv[:3]) != [sys.executable, "-m", "estimator_dist"]
+                or set(kwargs) - self.TASK_KWARGS
+                or not can_start(args, os.environ if env is None else env)):
+            return subprocess.Popen(argv, **kwargs)
+        return Process(args, os.getcwd(), env, kwargs.get("stdout"), kwargs.get("stderr"),
+                       text=False, session=bool(kwargs.get("start_new_session")),
+                       die_with=os.getpid() if kwargs.get("preexec_fn") else None)
 
 
 def _text(fd, mode, encoding, errors, write_through):
@@ -159,9 +222,17 @@ def _text(fd, mode, encoding, errors, write_through):
 
 _server = {}
 _lock = threading.Lock()
-# CPU seconds of the warm children that ended in this process's tests (cpu_report.py adds
-# them: they are the server's children, not this process's).
-ended_cpu = [0.0]
+CPU_FILE = "cpu"  # beside the socket: the CPU seconds of the server's children that ended
+
+
+def ended_cpu() -> float:
+    """The CPU seconds of this worker's warm processes that ended so far (cpu_report.py adds
+    them: they are the server's children, not this process's), 0 before the first."""
+    try:
+        with open(os.path.join(os.path.dirname(_server["path"]), CPU_FILE)) as f:
+            return float(f.read())
+    except (KeyError, OSError, ValueError):
+        return 0.0
 
 
 def enabled() -> bool:
@@ -192,33 +263,51 @@ def can_start(args, env) -> bool:
 
 class Process:
     """A warm child, used as a subprocess.Popen of `cli_argv(*args)`: pid, stdout/stderr
-    (PIPE: text files), poll(), wait(timeout), send_signal(), terminate(), kill(),
-    returncode (negative: the signal that ended it)."""
+    (PIPE: files, text unless text=False), poll(), wait(timeout), send_signal(),
+    terminate(), kill(), returncode (negative: the signal that ended it). `session`: its
+    own session (start_new_session); `die_with`: SIGTERM to it when process `die_with`
+    ends (a launcher's task: supervisor.die_with_parent)."""
 
-    def __init__(self, args, cwd, env, stdout=None, stderr=None):
+    def __init__(self, args, cwd, env, stdout=None, stderr=None, text=True, session=False,
+                 die_with=None):
         server = _start_server()
         self.args = [sys.executable, "-m", "estimator_dist", *args]
         self.returncode = None
         theirs = []  # the fds the child gets that are ours to close once it has them
         self.stdout = self.stderr = None
-        out_fd = self._pipe("stdout", stdout, theirs)
-        err_fd = out_fd if stderr == subprocess.STDOUT else self._pipe("stderr", stderr, theirs)
+        out_fd = self._pipe("stdout", stdout, theirs, text)
+        err_fd = (out_fd if stderr == subprocess.STDOUT
+                  else self._pipe("stderr", stderr, theirs, text))
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.connect(server["path"])
+        self._received = b""
         request = {"args": list(args), "cwd": os.path.abspath(cwd),
-                   "env": dict(os.environ if env is None else env)}
+                   "env": dict(os.environ if env is None else env), "session": session,
+                   "die_with": die_with}
         socket.send_fds(self._conn, [json.dumps(request).encode() + b"\n"], [0, out_fd, err_fd])
         for fd in theirs:
             os.close(fd)
-        self._reply = self._conn.makefile("rb")
-        self.pid = json.loads(self._reply.readline())["pid"]
+        self.pid = self._reply(None)["pid"]
 
-    def _pipe(self, name, target, theirs):
-        """The fd the child writes `name` to: a pipe's (PIPE: self.NAME reads it, as text),
-        /dev/null's, the given file's or fd, or ours."""
+    def _reply(self, timeout):
+        """The server's next line (None: not within `timeout`). What arrived is kept across
+        an exception (the launcher's signal handler raises anywhere)."""
+        while b"\n" not in self._received:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                return None
+            more = self._conn.recv(4096)
+            if not more:
+                raise RuntimeError(f"the warm CLI server dropped process {self.args}")
+            self._received += more
+        line, self._received = self._received.split(b"\n", 1)
+        return json.loads(line)
+
+    def _pipe(self, name, target, theirs, text):
+        """The fd the child writes `name` to: a pipe's (PIPE: self.NAME reads it), /dev/null's,
+        the given file's or fd, or ours."""
         if target == subprocess.PIPE:
             r, w = os.pipe()
-            setattr(self, name, os.fdopen(r, "r"))
+            setattr(self, name, os.fdopen(r, "r" if text else "rb"))
             theirs.append(w)
             return w
         if target is None:
@@ -229,25 +318,23 @@ class Process:
             return fd
         return target if isinstance(target, int) else target.fileno()
 
-    def _ended(self, line):
-        reply = json.loads(line)
-        status = reply["status"]
-        self.returncode = (-os.WTERMSIG(status) if os.WIFSIGNALED(status)
-                           else os.WEXITSTATUS(status))
-        ended_cpu[0] += reply["cpu"]
-        self._reply.close()
-        self._conn.close()
+    def _ended(self, reply):
+        if reply is not None:
+            status = reply["status"]
+            self.returncode = (-os.WTERMSIG(status) if os.WIFSIGNALED(status)
+                               else os.WEXITSTATUS(status))
+            self._conn.close()
 
     def poll(self):
-        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
-            self._ended(self._reply.readline())
+        if self.returncode is None:
+            self._ended(self._reply(0))
         return self.returncode
 
     def wait(self, timeout=None):
         if self.returncode is None:
-            if not select.select([self._conn], [], [], timeout)[0]:
+            self._ended(self._reply(timeout))
+            if self.returncode is None:
                 raise subprocess.TimeoutExpired(self.args, timeout)
-            self._ended(self._reply.readline())
         return self.returncode
 
     def communicate(self, timeout=None):

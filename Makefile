@@ -77,11 +77,31 @@ TEST_CPU ?= .pytest_cache/cpu-seconds.tsv
 # compileall: the test processes (every CLI run and cluster task imports the project) read
 # bytecode instead of each compiling the sources again (PYTHONDONTWRITEBYTECODE=1 keeps
 # them from writing it).
+#
+# The real-Slurm tests (SLURM_TESTS) mostly wait: for Slurm's scheduler, its signals and its
+# jobs, whose processes are slurmd's, not a worker's. In a run of the whole suite with workers
+# a pytest of their own runs them beside the workers (on a busy worker they held one of the
+# two cores idle for minutes); their lines follow the workers'. Exit code: the first failing
+# one's (5, no test selected, only if neither selected one).
+SLURM_TESTS := tests/test_slurm_jobs.py
+SLURM_BESIDE = $(if $(filter tests,$(TESTPATHS)),$(filter-out 0,$(TEST_WORKERS)))
+SLURM_LOG := .pytest_cache/slurm-tests.log
 test: $(HOROVOD_STAMP)
-	rm -f $(TEST_CPU)
+	rm -f $(TEST_CPU) $(SLURM_LOG)
+	mkdir -p .pytest_cache
 	$(BIN)/python -m compileall -q estimator_dist model_fns input_fns tests > /dev/null
+	$(if $(SLURM_BESIDE),($(BIN)/python -m pytest -q -p no:cacheprovider --durations=5 \
+	  $(SLURM_TESTS) $(TESTARGS) > $(SLURM_LOG) 2>&1; \
+	  echo $$? >> $(SLURM_LOG)) &) \
 	ESTIMATOR_DIST_TEST_CPU=$(TEST_CPU) $(BIN)/python -m pytest -q $(PYTEST_WORKERS) \
-	  --durations=25 $(TESTPATHS) $(TESTARGS)
+	  --durations=25 $(TESTPATHS) $(if $(SLURM_BESIDE),--ignore=$(SLURM_TESTS)) $(TESTARGS); \
+	status=$$?; \
+	if [ -n "$(SLURM_BESIDE)" ]; then \
+	  wait; echo "== $(SLURM_TESTS), run beside the workers:"; sed '$$d' $(SLURM_LOG); \
+	  code=$$(tail -n 1 $(SLURM_LOG)); \
+	  if [ $$status = 5 ] || { [ "$$code" != 0 ] && [ "$$code" != 5 ]; }; then status=$$code; fi; \
+	fi; \
+	exit $$status
 
 # The unit tier: no test that starts a process (CLI runs, clusters, Horovod ranks) or trains for
 # long; tests/conftest.py marks them `process` and `slow`. Under 2 minutes on 2 cores. No

@@ -24,6 +24,7 @@ user_code.load_builtins()
 # Long-standing names of this module, now in support.py (import them from there in new tests).
 from support import REPO, run_cli, run_on_a_terminal, supervise  # noqa: E402,F401
 import support  # noqa: E402
+import warm  # noqa: E402
 # CPU seconds per test when ESTIMATOR_DIST_TEST_CPU=FILE (cpu_report.py).
 from cpu_report import pytest_runtest_protocol, pytest_terminal_summary  # noqa: E402,F401
 
@@ -48,6 +49,15 @@ def _stop_left_running():
     """No test leaves a `Run` running, not even one that failed or timed out."""
     yield
     support.stop_left_running()
+
+
+@pytest.fixture
+def warm_tasks(monkeypatch):
+    """A launcher.Supervisor the test runs in its own process starts its tasks warm, as a
+    warm `cluster` does (tests/warm.py; SIGTERM to them when this worker ends)."""
+    from estimator_dist.launch import supervisor
+
+    monkeypatch.setattr(supervisor, "subprocess", warm.WarmSubprocess())
 
 
 @pytest.fixture(scope="session")

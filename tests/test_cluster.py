@@ -205,7 +205,7 @@ def operator_tf_config(job, replica_type, index, hosts):
                        "environment": "cloud"})
 
 
-def test_tfjob_manifest_replicas_run_with_operator_tf_config(tmp_path):
+def test_tfjob_manifest_replicas_run_with_operator_tf_config(tmp_path, warm_tasks):
     """Also the parameter_server cluster of two workers, a ps and an evaluator trained to its
     --train_steps (a test of its own ran the same cluster under `cluster`)."""
     model_dir = str(tmp_path / "run")

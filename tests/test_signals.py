@@ -252,7 +252,7 @@ def test_sigterm_to_the_launcher_exits_as_every_task_does(tmp_path):
 
 
 def test_a_worker_recreated_alone_makes_every_task_exit_retryable_and_the_run_recovers(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, warm_tasks):
     """Kubeflow's operator recreates a dead multi_worker_mirrored worker ALONE: the chief
     waited at its step forever and each new worker exited 1 (CancelledError), which fails a
     TFJob. Now each exits 144 (retryable), the chief once its step has not returned for 60 s

@@ -10,10 +10,10 @@ directory and standard streams, resets what a fresh interpreter has, and runs th
 `estimator_dist` module as `python -m` does, to the interpreter's own exit. So the run is a
 process of its own (real signals, exit code, pid, output), the same code from
 `estimator_dist/__main__.py` on; only the import is shared. A warm launcher (`cluster`, the
-elastic and Horovod launchers) starts its tasks from the same server (_LauncherSubprocess):
-some 120 more processes of the suite; the server does what the launcher's preexec_fn does
-(SIGTERM to its tasks when it ends). A test of the task start itself starts the launcher
-cold, and so its tasks.
+elastic and Horovod launchers) and a warm `bench` start their tasks and cases from the same
+server (WarmSubprocess): some 150 more processes of the suite; the server does what the
+launcher's preexec_fn does (SIGTERM to its tasks when it ends). A test of the task start
+itself starts the launcher cold, and so its tasks.
 
 Cold (a new interpreter, as before) when the run differs before that point: `--verbose`
 (TensorFlow's C++ log level is read at its import), an environment whose import-time
@@ -22,6 +22,7 @@ suite. The children of a worker's server share one hash seed (PYTHONHASHSEED), d
 server's start: a test that compares runs for an order string hashing could change starts
 them cold (`cold=True`).
 """
+import fcntl
 import gc
 import io
 import json
@@ -107,7 +108,7 @@ def serve(path: str):
 
 
 def _receive(conn):
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 16)
     while not data.endswith(b"\n"):
         more = conn.recv(1 << 20)
         if not more:
@@ -167,6 +168,13 @@ def become(request, fds):
     for target, fd in zip((0, 1, 2), fds):
         os.dup2(fd, target)
         os.close(fd)
+    # pass_fds: at the numbers the parent gave (in the spec it wrote), out of each other's way
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1024) for fd in fds[3:]]
+    for fd in fds[3:]:
+        os.close(fd)
+    for fd, target in zip(moved, request["pass_fds"]):
+        os.dup2(fd, target)
+        os.close(fd)
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))
     encoding, errors = sys.stdout.encoding, sys.stdout.errors
     sys.stdin = sys.__stdin__ = _text(0, "r", encoding, errors, False)
@@ -176,37 +184,44 @@ def become(request, fds):
     # sys.path as `python -m` builds it: the working directory, PYTHONPATH, then the rest.
     added = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.getcwd(), *added, *request["base_path"]]
-    sys.argv = ["-m", *request["args"]]  # runpy sets argv[0] to the module's file
+    # runpy sets argv[0] to the module's file
+    sys.argv = ["-c" if request.get("code") else "-m", *request["args"]]
     if "numpy" in sys.modules:  # a new interpreter draws its global RandomState afresh
         sys.modules["numpy"].random.seed()
     _server.update(request["server"])  # this process's own warm starts: the same server
+    from estimator_dist.bench import case_runner
     from estimator_dist.launch import supervisor
 
-    supervisor.subprocess = _LauncherSubprocess()
+    supervisor.subprocess = case_runner.subprocess = WarmSubprocess()
 
 
-class _LauncherSubprocess:
-    """`subprocess` as launch/supervisor.py sees it in a warm process: a launcher's task
-    (`python -m estimator_dist train ...`, its one Popen) starts warm too, as the CLI's
-    processes do and under the same rules (can_start); the rest as always. Its Popen's
-    arguments are the task's: env, stdout (PIPE, bytes), stderr (STDOUT),
-    start_new_session and preexec_fn, which is supervisor.die_with_parent (done by the
-    server: SIGTERM to the task when its launcher ends)."""
-    TASK_KWARGS = frozenset({"env", "stdout", "stderr", "start_new_session", "preexec_fn"})
+class WarmSubprocess:
+    """`subprocess` as the project's two starters of processes see it in a warm process
+    (launch/supervisor.py: a launcher's tasks, `python -m estimator_dist train ...`;
+    bench/case_runner.py: the bench's cases, `python -c CODE SPEC`): their Popen starts
+    warm too, as the CLI's processes do and under the same rules (can_start); the rest as
+    always. Its arguments are theirs: env, stdin (DEVNULL), stdout (PIPE: bytes; a file),
+    stderr (STDOUT), pass_fds, start_new_session, and preexec_fn, which is the launcher's
+    die_with_parent (done by the server: SIGTERM to the task when its launcher ends)."""
+    KWARGS = frozenset({"env", "stdin", "stdout", "stderr", "start_new_session", "pass_fds",
+                        "preexec_fn"})
 
     def __getattr__(self, name):
         return getattr(subprocess, name)
 
     def Popen(self, argv, **kwargs):  # noqa: N802 - subprocess.Popen's name
-        args = list(argv[3:])
-        env = kwargs.get("env")
-        if (list(argv[:3]) != [sys.executable, "-m", "estimator_dist"]
-                or set(kwargs) - self.TASK_KWARGS
+        argv, env = [str(a) for a in argv], kwargs.get("env")
+        module = argv[:3] == [sys.executable, "-m", "estimator_dist"]
+        code = argv[2] if argv[:2] == [sys.executable, "-c"] and len(argv) > 2 else None
+        args = argv[3:]
+        if (not (module or code) or set(kwargs) - self.KWARGS
                 or not can_start(args, os.environ if env is None else env)):
             return subprocess.Popen(argv, **kwargs)
         return Process(args, os.getcwd(), env, kwargs.get("stdout"), kwargs.get("stderr"),
                        text=False, session=bool(kwargs.get("start_new_session")),
-                       die_with=os.getpid() if kwargs.get("preexec_fn") else None)
+                       die_with=os.getpid() if kwargs.get("preexec_fn") else None,
+                       stdin=kwargs.get("stdin"), pass_fds=kwargs.get("pass_fds", ()),
+                       code=code)
 
 
 def _text(fd, mode, encoding, errors, write_through):
@@ -269,22 +284,25 @@ class Process:
     ends (a launcher's task: supervisor.die_with_parent)."""
 
     def __init__(self, args, cwd, env, stdout=None, stderr=None, text=True, session=False,
-                 die_with=None):
+                 die_with=None, stdin=None, pass_fds=(), code=None):
         server = _start_server()
-        self.args = [sys.executable, "-m", "estimator_dist", *args]
+        self.args = [sys.executable, *(["-c", code] if code else ["-m", "estimator_dist"]),
+                     *args]
         self.returncode = None
         theirs = []  # the fds the child gets that are ours to close once it has them
         self.stdout = self.stderr = None
+        in_fd = 0 if stdin is None else self._pipe("stdin", stdin, theirs, text, os.O_RDONLY)
         out_fd = self._pipe("stdout", stdout, theirs, text)
         err_fd = (out_fd if stderr == subprocess.STDOUT
                   else self._pipe("stderr", stderr, theirs, text))
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.connect(server["path"])
         self._received = b""
-        request = {"args": list(args), "cwd": os.path.abspath(cwd),
+        request = {"args": list(args), "code": code, "cwd": os.path.abspath(cwd),
                    "env": dict(os.environ if env is None else env), "session": session,
-                   "die_with": die_with}
-        socket.send_fds(self._conn, [json.dumps(request).encode() + b"\n"], [0, out_fd, err_fd])
+                   "die_with": die_with, "pass_fds": list(pass_fds)}
+        socket.send_fds(self._conn, [json.dumps(request).encode() + b"\n"],
+                        [in_fd, out_fd, err_fd, *pass_fds])
         for fd in theirs:
             os.close(fd)
         self.pid = self._reply(None)["pid"]
@@ -302,9 +320,9 @@ class Process:
         line, self._received = self._received.split(b"\n", 1)
         return json.loads(line)
 
-    def _pipe(self, name, target, theirs, text):
-        """The fd the child writes `name` to: a pipe's (PIPE: self.NAME reads it), /dev/null's,
-        the given file's or fd, or ours."""
+    def _pipe(self, name, target, theirs, text, mode=os.O_WRONLY):
+        """The fd the child writes `name` to (reads: stdin): a pipe's (PIPE, for stdout and
+        stderr: self.NAME reads it), /dev/null's, the given file's or fd, or ours."""
         if target == subprocess.PIPE:
             r, w = os.pipe()
             setattr(self, name, os.fdopen(r, "r" if text else "rb"))
@@ -313,7 +331,7 @@ class Process:
         if target is None:
             return 1 if name == "stdout" else 2
         if target == subprocess.DEVNULL:
-            fd = os.open(os.devnull, os.O_WRONLY)
+            fd = os.open(os.devnull, mode)
             theirs.append(fd)
             return fd
         return target if isinstance(target, int) else target.fileno()
@@ -385,7 +403,11 @@ if __name__ == "__main__":
     if _request is None:
         sys.exit(0)
     become(_request, _fds)
+    _code = _request.get("code")
     del _request, _fds
-    import runpy
+    if _code:  # python -c CODE: run in a __main__ namespace of its own
+        exec(compile(_code, "<string>", "exec"), {"__name__": "__main__"})
+    else:
+        import runpy
 
-    runpy.run_module("estimator_dist", run_name="__main__", alter_sys=True)
+        runpy.run_module("estimator_dist", run_name="__main__", alter_sys=True)

@@ -90,3 +90,27 @@ def test_the_loops_evaluation_of_the_last_checkpoint_is_not_repeated(tmp_path, m
 def test_a_chief_gone_before_its_end_marker_still_gets_the_final_export(tmp_path, monkeypatch):
     said, hook, exports = run_evaluator(tmp_path, monkeypatch, extra_steps=0, marks_end=False)
     assert len(exports) == 1 and hook.evaluations == 1, (exports, hook.evaluations)
+
+
+def test_an_earlier_runs_end_marker_does_not_end_a_rerun(tmp_path):
+    """A rerun to more steps: its evaluator, started 0.4 s after the earlier run's chief marked
+    the end (before the new chief removed that marker), took it as this run's end and
+    exported nothing new. Only a marker written after the evaluator started counts."""
+    evaluator.mark_end(str(tmp_path), 10)  # the earlier run's, just now
+    listener = evaluator.StopWhenTrainingEnded(str(tmp_path), sleep=lambda _: None)
+    assert not listener.ended() and listener.before_eval()
+    evaluator.clear_end(str(tmp_path))  # the new chief starts
+    assert not listener.ended()
+    evaluator.mark_end(str(tmp_path), 20)
+    assert listener.ended() and not listener.before_eval()
+    assert evaluator.end_step(str(tmp_path), since=0.0) == 20
+
+
+def test_a_chief_that_marks_the_same_step_again_ends_the_evaluation(tmp_path):
+    """A rerun whose training was already at its end: the chief marks the same step again."""
+    evaluator.mark_end(str(tmp_path), 10)
+    listener = evaluator.StopWhenTrainingEnded(str(tmp_path), sleep=lambda _: None)
+    before = os.stat(evaluator.marker_path(str(tmp_path))).st_mtime_ns
+    evaluator.mark_end(str(tmp_path), 10)
+    os.utime(evaluator.marker_path(str(tmp_path)), ns=(before + 10**6, before + 10**6))
+    assert listener.ended()

@@ -57,13 +57,25 @@ def end_step(model_dir: str, since: float):
         return None
 
 
+def _marker_state(path: str):
+    """(modification time in ns, content) of the end marker; None without one."""
+    try:
+        with open(path, "rb") as f:
+            return os.fstat(f.fileno()).st_mtime_ns, f.read()
+    except OSError:
+        return None
+
+
 class StopWhenTrainingEnded(internals.ContinuousEvalListener):
     """Ends Estimator's evaluation loop once the chief has marked the end of training, and
     backs off while there is no new checkpoint to evaluate."""
 
     def __init__(self, model_dir: str, sleep=time.sleep):
         self._path = marker_path(model_dir)
-        self._since = time.time() - 1.0
+        # A marker here already is an earlier run's: the chief removes it as it starts, which
+        # may be after this task started (a rerun's evaluator took a marker written 0.4 s
+        # before it started as this run's end). Only a new or rewritten marker ends this run.
+        self._stale = _marker_state(self._path)
         self._wait = 0.0
         self._sleep = sleep
 
@@ -76,7 +88,8 @@ class StopWhenTrainingEnded(internals.ContinuousEvalListener):
         return True
 
     def ended(self) -> bool:
-        return os.path.exists(self._path) and os.path.getmtime(self._path) >= self._since
+        state = _marker_state(self._path)
+        return state is not None and state != self._stale
 
     def before_eval(self) -> bool:
         return not self.ended()

@@ -4,7 +4,8 @@ Wall time says little there (a test waits while its neighbour computes); CPU sec
 to the suite's time on a full machine. With ESTIMATOR_DIST_TEST_CPU=FILE each test's user+
 system seconds (this process's, plus those of the children it waited for: CLI runs, whole
 clusters, whose launcher waits for its tasks) are appended to FILE as
-`seconds<TAB>nodeid<TAB>wall seconds`, by every pytest-xdist worker; the run ends with the
+`seconds<TAB>nodeid<TAB>wall seconds<TAB>worker<TAB>end (Unix time)`, by every pytest-xdist
+worker (the last two: when each worker was busy with what); the run ends with the
 most costly ones and the total (ESTIMATOR_DIST_TEST_CPU_TOP of them, default 25), then the
 tests that held their worker longest beyond their CPU time (wall less CPU: waits, sleeps,
 timers, another process's CPU such as a Slurm job's tasks), where a parallel suite loses
@@ -40,7 +41,8 @@ def pytest_runtest_protocol(item, nextitem):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "a") as f:  # one short append per test: whole lines across workers
             f.write(f"{_cpu_seconds() - started:.1f}\t{item.nodeid}\t"
-                    f"{time.monotonic() - wall:.1f}\n")
+                    f"{time.monotonic() - wall:.1f}\t{os.environ.get('PYTEST_XDIST_WORKER', '-')}"
+                    f"\t{time.time():.1f}\n")
 
 
 def cpu_table(path, top):

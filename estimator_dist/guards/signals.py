@@ -149,12 +149,25 @@ class SignalWatch:
 @contextlib.contextmanager
 def raise_on_sigterm(make_error):
     """Inside: SIGTERM raises `make_error()` in the main thread, so the cleanup of what
-    is being written (storage.cleanup_on_failure) runs instead of a sudden death."""
+    is being written (storage.cleanup_on_failure) runs instead of a sudden death.
+
+    Once raised, the block ends with that error whatever comes out of it: raised in the
+    Python code pybind11 runs to build a TensorFlow error, it came out as a RuntimeError
+    ("MISMATCH of original and normalized active exception types"; a chief stopped in its
+    final export printed a traceback)."""
+    raised = []
+
     def stop():
-        raise make_error()
+        raised.append(make_error())
+        raise raised[-1]
 
     with call_on_sigterm(stop):
-        yield
+        try:
+            yield
+        except BaseException as e:
+            if raised and e is not raised[-1]:
+                raise raised[-1] from None
+            raise
 
 
 # What the `with` blocks around training undo on their way out (the model_dir lock, a

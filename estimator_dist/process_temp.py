@@ -19,6 +19,7 @@ import tempfile
 from typing import Optional, Tuple
 
 PREFIX = "estimator-dist-"
+REMOVE_ATTEMPTS = 5
 
 _CLAIMED: Optional[Tuple[int, str]] = None  # (pid, directory)
 
@@ -42,9 +43,21 @@ def claim() -> Optional[str]:
 
 def remove():
     """Remove the claimed directory: only in the process that claimed it, so a forked child
-    leaves its parent's in place."""
+    leaves its parent's in place. Another thread may still write in it: a task that ended
+    from its signal thread while the main thread's autograph converted a function left the
+    directory with two files, rmtree having listed it before they came. So it is first
+    renamed (no new file can appear by its name), then removed, again while anything is left."""
     if _CLAIMED and _CLAIMED[0] == os.getpid():
-        shutil.rmtree(_CLAIMED[1], ignore_errors=True)
+        path = _CLAIMED[1]
+        try:
+            os.rename(path, path + "-exiting")  # still PREFIX<pid>-: remove_left_by finds it
+            path += "-exiting"
+        except OSError:
+            pass
+        for _ in range(REMOVE_ATTEMPTS):
+            shutil.rmtree(path, ignore_errors=True)
+            if not os.path.lexists(path):
+                return
 
 
 def remove_left_by(pid: int):

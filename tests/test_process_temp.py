@@ -129,3 +129,26 @@ def test_a_child_killed_by_a_signal_has_its_directory_removed_once_reaped(tmp_pa
     monkeypatch.setattr(process_temp, "_CLAIMED", None)
     process_temp.remove_if_killed(child)
     assert os.listdir(tmp_path) == [] and child.temp_removed
+
+
+def test_hard_exit_removes_the_directory_while_another_thread_writes_in_it(tmp_path):
+    """A task stopped from its signal thread (exit_now) while its main thread's autograph
+    wrote files: rmtree listed the directory before two files came, so it stayed."""
+    tmp, code, _, err = python(CLAIM + """
+    import threading
+    def write():
+        while True:
+            try:
+                tempfile.NamedTemporaryFile(suffix=".py", delete=False).close()
+            except OSError:  # the directory is gone
+                pass
+    for _ in range(50):
+        with tempfile.NamedTemporaryFile(suffix=".py", delete=False):
+            pass
+    threading.Thread(target=write, daemon=True).start()
+    import time
+    time.sleep(0.2)
+    process_temp.hard_exit(7)
+    """, tmp_path)
+    assert code == 7, err
+    assert os.listdir(tmp) == []

@@ -136,18 +136,19 @@ def test_hard_exit_removes_the_directory_while_another_thread_writes_in_it(tmp_p
     wrote files: rmtree listed the directory before two files came, so it stayed."""
     tmp, code, _, err = python(CLAIM + """
     import threading
+    writing = threading.Event()
     def write():
         while True:
             try:
                 tempfile.NamedTemporaryFile(suffix=".py", delete=False).close()
+                writing.set()
             except OSError:  # the directory is gone
                 pass
     for _ in range(50):
         with tempfile.NamedTemporaryFile(suffix=".py", delete=False):
             pass
     threading.Thread(target=write, daemon=True).start()
-    import time
-    time.sleep(0.2)
+    writing.wait()
     process_temp.hard_exit(7)
     """, tmp_path)
     assert code == 7, err

@@ -34,17 +34,23 @@ class FetchCounter(tf.compat.v1.train.SessionRunHook):
 
 def run_steps(hook, max_steps, increment=1, summary_dir=None):
     """Train a one-variable 'model' whose run adds `increment` to the global step (more than
-    one: as if other workers stepped too) until max_steps."""
+    one: as if other workers stepped too; a tuple: its numbers in turn, run by run) until
+    max_steps."""
+    increments = tuple(increment) if isinstance(increment, tuple) else (increment,)
     with tf.Graph().as_default():
         step = tf.compat.v1.train.get_or_create_global_step()
         # As Estimator builds it: the step StopAtStepHook fetches is read before the update
         # (without this the read and the assign race, and the hook stops a run early or late).
         step_read = internals.global_step_read_tensor()
         weight = tf.compat.v1.get_variable("w", [], initializer=tf.compat.v1.ones_initializer())
+        runs_done = tf.compat.v1.get_variable("runs", [], tf.int64, trainable=False,
+                                              initializer=tf.compat.v1.zeros_initializer())
         loss = tf.identity(weight * 2.0, name="loss_value")
         tf.compat.v1.summary.scalar("loss", loss)
-        with tf.control_dependencies([loss, step_read]):  # a run shows the loss before its update
-            train_op = tf.group(tf.compat.v1.assign_add(step, increment), weight.assign_add(1.0))
+        this_run = tf.gather(tf.constant(increments, tf.int64), runs_done % len(increments))
+        with tf.control_dependencies([loss, step_read, this_run]):  # read before the updates
+            train_op = tf.group(tf.compat.v1.assign_add(step, this_run),
+                                weight.assign_add(1.0), runs_done.assign_add(1))
         hooks = [hook, tf.compat.v1.train.StopAtStepHook(last_step=max_steps)]
         with tf.compat.v1.train.MonitoredSession(hooks=hooks) as session:
             runs = 0
@@ -76,6 +82,19 @@ def test_steps_other_workers_add_are_caught_up_and_the_final_step_shown():
     shown = [int(line.split()[1].split("/")[0]) for line in lines]
     assert shown[-1] == 24  # the step training really ended at, printed by end()
     assert shown == sorted(shown) and all(s % 3 == 0 for s in shown)
+
+
+def test_a_line_for_every_multiple_of_every_n_the_step_passes_asynchronously():
+    """Asynchronous workers (parameter servers): the step this task reads after a run is
+    rarely a multiple of every_n; a line still comes for each multiple the step passes."""
+    lines = []
+    counter = FetchCounter(ProgressHook(8, 60, every_n=5, emit=lines.append))
+    run_steps(counter, 60, increment=(1, 2))  # the step: 1, 3, 4, 6, 7, 9, ...
+    shown = [int(line.split()[1].split("/")[0]) for line in lines]
+    assert shown[-1] >= 60 and shown == sorted(shown), lines
+    assert sorted({s // 5 for s in shown[:-1]}) == list(range(1, 12)), lines
+    assert any(s % 5 for s in shown), lines  # steps between multiples, as read
+    assert counter.fetching_runs <= len(lines) + 1
 
 
 def test_an_input_that_runs_out_gets_a_last_line_and_no_error():

@@ -92,6 +92,8 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
     def after_create_session(self, session, coord):
         self._runs = 0  # accumulation restarts with the session (see accumulate.py)
         self._step = int(session.run(self._global_step))
+        if self._printed is None:
+            self._printed = self._step  # lines from the next multiple of every_n on
 
     def before_run(self, run_context):
         self._started = time.perf_counter()
@@ -142,7 +144,10 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         if self._bar is not None:
             self._draw(step, loss)
             return
-        if step % self._every_n and step < self._max_steps and not last:
+        # Other workers move the step too (asynchronous training): a line for each run that
+        # crossed a multiple of every_n, at the step it read (a multiple only by chance).
+        crossed = step // self._every_n > self._printed // self._every_n
+        if not (crossed or last or step >= self._max_steps):
             return
         rate = steady_rate(self._window, self._batch, warmup=0)
         text = f"step {step}/{self._max_steps}"

@@ -49,15 +49,14 @@ def sync_model(features, labels, mode, config):
 '''
 FLAGS = ["--import", "sync_module", "--model", "sync_replicas", "--input", "sync_data",
          "--train_steps", 20, "--batch_size", 8, "--eval_steps", 1]
-# Before: the chief's coordinator waited its 120 s grace period for the queue runner, after
-# the last step: the shutdown outlasted all that came before it. A ratio, as load slows both.
-LAST_STEP = r"^(\[chief:0\] )?step 20/20 "
+# Before: the chief's coordinator waited its 120 s grace period for the queue runner after the
+# last step, then logged this (INFO: --verbose shows it); the thread's CancelledError printed a
+# traceback as the session closed.
+WAITED = "Coordinator stopped with threads still running"
 
 
-def shut_down_quickly(run) -> bool:
-    """From its last step to its end took less time than from its start to the last step."""
-    last = run.time_of(LAST_STEP)
-    return run.ended - last < last - run.started
+def ended_at_once_and_quietly(text: str) -> bool:
+    return WAITED not in text and "Traceback" not in text and "Exception in thread" not in text
 
 
 def refusal(setting):
@@ -85,19 +84,19 @@ def sync_module(tmp_path, monkeypatch):
 
 def test_it_trains_with_ps_tasks_and_strategy_none_and_shuts_down_quietly(sync_module):
     model_dir = sync_module / "ps"
-    run = cluster("--workers", 2, "--ps", 1, "--strategy", "none", "--model_dir", model_dir)
+    run = cluster("--workers", 2, "--ps", 1, "--strategy", "none", "--model_dir", model_dir,
+                  "--verbose")
     assert run.wait() == 0, run.text
-    assert shut_down_quickly(run), run.text
-    assert "Traceback" not in run.text and "Exception in thread" not in run.text, run.text
+    assert ended_at_once_and_quietly(run.text), run.text
     assert "[chief:0] done: step 20" in run.text
     assert checkpoint_steps(model_dir)[-1] == 20
 
 
 def test_it_trains_in_one_local_process_quietly(sync_module):
-    done = Run(["--model_dir", sync_module / "local", *FLAGS], command="train",
-               stderr_apart=True, timeout=240)
-    assert done.wait() == 0 and "done: step 20" in done.text, done.text + str(done.errors)
-    assert done.errors == [] and shut_down_quickly(done), done.text
+    done = Run(["--model_dir", sync_module / "local", *FLAGS, "--verbose"], command="train",
+               timeout=240)
+    assert done.wait() == 0 and "done: step 20" in done.text, done.text
+    assert ended_at_once_and_quietly(done.text), done.text
 
 
 @pytest.mark.parametrize("flags, setting", [

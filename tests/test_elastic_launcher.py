@@ -18,9 +18,11 @@ from estimator_dist.launch import elastic, tfjob
 from support import REPO, Run, alive, latest_step, run_cli, wait_for
 from test_elastic import TOLERANCE, max_abs_difference
 
-# A TF1 model_fn as users write it, with its own train_op; every step also sleeps 0.1 s so
-# that the test can change the cluster mid-run. SGD, no dropout or batch norm.
+# A TF1 model_fn as users write it, with its own train_op; while the file `slow` is in the
+# working directory every step also sleeps 0.1 s, so that the test can change the cluster
+# mid-run (it removes the file when the run may finish). SGD, no dropout or batch norm.
 USER_MODEL = '''
+import os
 import time
 
 import tensorflow as tf
@@ -28,7 +30,8 @@ import estimator_dist as ed
 
 
 def pause():
-    time.sleep(0.1)
+    if os.path.exists("slow"):
+        time.sleep(0.1)
     return 0
 
 
@@ -57,9 +60,16 @@ STEP = r"\[chief:0\] step (\d+)/"
 
 @pytest.fixture
 def user_dir(tmp_path):
-    """A fresh directory with the user's model file, where the commands run."""
+    """A fresh directory with the user's model file, where the commands run; their steps
+    are slow until the test calls `fast`."""
     (tmp_path / "slow_mlp.py").write_text(USER_MODEL)
+    (tmp_path / "slow").touch()
     return tmp_path
+
+
+def fast(user_dir):
+    """The rest of the run need not leave time for changes: steps at full speed."""
+    (user_dir / "slow").unlink()
 
 
 def slots(path, text):
@@ -85,6 +95,7 @@ def test_three_two_three_workers_by_discovery_equal_one_process(user_dir):
     _, i = wait_for(run, r"\[launcher\] re-formed 3 -> 2 workers at step \d+", i)
     slots(user_dir / "slots", "# hosts come back\nhost-a\nhost-b:2\n")
     wait_for(run, r"\[launcher\] re-formed 2 -> 3 workers at step \d+", i)
+    fast(user_dir)
     assert run.wait() == 0, run.text
     lines = reforms(run)
     assert len(lines) == 2, run.text
@@ -124,6 +135,7 @@ def test_a_worker_killed_with_no_restarts_left_drops_its_slot_then_waits(user_di
     time.sleep(2)
     assert not any("started" in line for line in run.lines[i:]), run.text
     slots(user_dir / "slots", "localhost\nlocalhost\nlocalhost\n")
+    fast(user_dir)
     assert run.wait() == 0, run.text
     line, = reforms(run)
     assert re.search(r"re-formed 2 -> 2 workers at step \d+ \(worker:0 exited with code -9 "
@@ -143,6 +155,7 @@ def test_parameter_server_workers_follow_the_slots(user_dir):
     slots(user_dir / "slots", "localhost:1\n")
     wait_for(run, r"\[launcher\] re-formed 2 -> 1 worker at step \d+ \(discovery lists 1 "
                   r"slot\): 0 steps lost", i)
+    fast(user_dir)
     assert run.wait() == 0, run.text
     assert len(reforms(run)) == 1 and run.text.count("started ps:0") == 2, run.text
     assert "of 1 worker(s), 1 ps" in run.text

@@ -225,7 +225,6 @@ def test_quick_imagenet_bench_prints_targets_a_to_c_with_met_or_missed(tmp_path)
     lines = proc.stdout.splitlines()
     for model, label in [("imagenet_input", "input alone, per CPU-second: project / r1, 64 px"),
                          ("resnet50", "project none / Keras fit, N=1"),
-                         ("resnet50", "project mirrored / Keras fit mirrored, N=2"),
                          ("resnet50", "real input / in-memory, N=1"),
                          ("imagenet_overhead",
                           "trivial model: project Estimator / bare tf.data loop")]:

@@ -195,8 +195,9 @@ QUICK_CASES = {
             "project horovod 2 worker(s) x 1 core"),
     "cifar": ("keras none N=1",),
     "imagenet_input": tuple(f"{who} input alone 64 px" for who in PIPELINE_DRIVERS.values()),
-    # ResNet-50 at N=1 only: mlp's N=2 cases run the same drivers under mirrored.
-    "resnet50": ("project none N=1", "keras none N=1", "project none N=1 real input"),
+    # No project mirrored N=2: mlp's runs the same driver; Keras ResNet-50 has its own.
+    "resnet50": ("project none N=1", "keras none N=1", "project none N=1 real input",
+                 "keras mirrored N=2"),
     "imagenet_overhead": ("project none N=1 real input", "bare none N=1 real input"),
 }
 

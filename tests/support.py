@@ -40,10 +40,12 @@ def environment(*pythonpath, short_timers=False, **extra):
     return env
 
 
-def short_timers_setting():
-    """SHORT_TIMERS as timers.ENV's value (`monkeypatch.setenv(timers.ENV, ...)` for a
-    launcher run in the test's own process: its tasks inherit it)."""
-    return ",".join(f"{name}={seconds:g}" for name, seconds in SHORT_TIMERS.items())
+def short_timers_setting(**seconds_of):
+    """SHORT_TIMERS, with `seconds_of` instead where given, as timers.ENV's value
+    (`monkeypatch.setenv(timers.ENV, ...)` for a launcher run in the test's own process: its
+    tasks inherit it)."""
+    chosen = {**SHORT_TIMERS, **seconds_of}
+    return ",".join(f"{name}={seconds:g}" for name, seconds in chosen.items())
 
 
 def cli_argv(*args):

@@ -84,6 +84,15 @@ EXACT = ["--model", "cifar10_resnet", "--train_steps", "6", "--eval_steps", "1",
          "--set", "learning_rate=0.05"]
 
 
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory, records):
+    """The tutorial's model trained by EXACT on one device: its variables, for every case."""
+    folder = tmp_path_factory.mktemp("one_device")
+    one = train(folder, records, *EXACT, "--batch_size", "16", "--model_dir", "one")
+    assert one.returncode == 0, one.stdout + one.stderr
+    return trained_variables(folder / "one")
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy, flags", [
     ("tower", ["--strategy", "tower", "--num_devices", "2", "--batch_size", "16"]),
@@ -91,12 +100,11 @@ EXACT = ["--model", "cifar10_resnet", "--train_steps", "6", "--eval_steps", "1",
     ("accumulation", ["--accumulate_steps", "2", "--batch_size", "8"]),
 ])
 def test_the_tutorials_momentum_and_piecewise_schedule_equal_one_device(strategy, flags,
-                                                                         tmp_path, records):
-    one = train(tmp_path, records, *EXACT, "--batch_size", "16", "--model_dir", "one")
-    assert one.returncode == 0, one.stdout + one.stderr
+                                                                         tmp_path, records,
+                                                                         one_device):
     many = train(tmp_path, records, *EXACT, *flags, "--model_dir", "many")
     assert many.returncode == 0, many.stdout + many.stderr
-    expected, got = trained_variables(tmp_path / "one"), trained_variables(tmp_path / "many")
+    expected, got = one_device, trained_variables(tmp_path / "many")
     assert sorted(expected) == sorted(got) and len(expected) > 10
     worst = max(float(np.max(np.abs(expected[k] - got[k]))) for k in expected)
     assert worst < 2e-5, (strategy, worst)

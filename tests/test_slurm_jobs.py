@@ -165,9 +165,11 @@ def test_sbatch_job_is_requeued_before_its_time_limit_and_resumes_at_the_saved_s
     requeued run resumes at exactly the saved step: no step lost (at the limit itself Slurm
     ended the job TIMEOUT, not requeued, losing every step since the last checkpoint)."""
     script = tmp_path / "job.sbatch"
-    # A user's model whose every step also sleeps 0.1 s, as a real step takes time: the job
-    # trains until Slurm's signal (minutes) on a fraction of a core, not one of the two.
+    # A user's model whose every step also sleeps 0.1 s while `slow` is in the job's working
+    # directory, as a real step takes time: the job trains until Slurm's signal (minutes) on a
+    # fraction of a core, not one of the two (without `slow`: 228 CPU-s in 163 s, measured).
     (tmp_path / "slow_mlp.py").write_text(USER_MODEL)
+    (tmp_path / "slow").touch()
     made = run_cli("sbatch", "--workers", 1, "--job_name", slurm_job, "--time", 5,
                    "--signal_before", 150, "--output", script, "--import", "slow_mlp", "--model",
                    "slow_mlp", "--batch_size", 32, "--seed", 1, "--train_steps", 1000000,

@@ -264,8 +264,8 @@ def test_a_worker_recreated_alone_makes_every_task_exit_retryable_and_the_run_re
     # the tasks inherit it
     monkeypatch.setenv(timers.ENV, short_timers_setting(peer_stall_min_s=20.0))
     model_dir = tmp_path / "run"
-    train = ["--strategy", "multi_worker_mirrored", "--train_steps", "600",
-             "--save_checkpoints_steps", "200", "--export", "none",
+    train = ["--strategy", "multi_worker_mirrored", "--train_steps", "300",
+             "--save_checkpoints_steps", "100", "--export", "none",
              "--model_dir", str(model_dir), *TRAIN]
     lines, permanent = [], []
 
@@ -314,7 +314,7 @@ def test_a_worker_recreated_alone_makes_every_task_exit_retryable_and_the_run_re
                      r"\d+ s \(after \d+ steps of this run\): a peer worker is gone .* exit code "
                      r"144 \(retryable\)", text, re.M), text
     assert "[launcher] chief:0 exited with code 144; restarting it" in text
-    assert "[chief:0] done: step 600" in text
+    assert "[chief:0] done: step 300" in text
     # TensorFlow's copy of the worker's checkpoints and events (18 MB) showed as a run.
     assert not (model_dir / "tmp_worker_0").exists(), os.listdir(model_dir)
 

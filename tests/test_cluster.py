@@ -514,7 +514,7 @@ def test_sigterm_during_the_chiefs_final_export_removes_it_and_the_restart_expor
     run = Run(["--workers", "1", "--strategy", "multi_worker_mirrored", "--train_steps", "20",
                "--max_restarts", "1", "--model_dir", str(model_dir)] + TRAIN)
     try:
-        pid = wait_for(run, r"^\[launcher\] started chief:0 pid (\d+)")[0].group(1)
+        pid = int(wait_for(run, r"^\[launcher\] started chief:0 pid (\d+)")[0].group(1))
         deadline = time.monotonic() + 180
         while not (final.is_dir() and any(n.startswith("temp-") for n in os.listdir(final))):
             assert run.proc.poll() is None, "the export ended before it was seen:\n" + run.text
@@ -522,13 +522,13 @@ def test_sigterm_during_the_chiefs_final_export_removes_it_and_the_restart_expor
             time.sleep(0.005)
         # Stopped, the chief cannot finish the export between seeing it and its SIGTERM (on a
         # loaded machine it did: no SIGTERM during the export).
-        os.kill(int(pid), signal.SIGSTOP)
+        os.kill(pid, signal.SIGSTOP)
         try:
             assert [n for n in os.listdir(final) if n.startswith("temp-")], \
                 "the export ended between seeing it and stopping the chief:\n" + run.text
-            os.kill(int(pid), signal.SIGTERM)
+            os.kill(pid, signal.SIGTERM)
         finally:
-            os.kill(int(pid), signal.SIGCONT)
+            os.kill(pid, signal.SIGCONT)
         assert run.wait() == 0, run.text
     finally:  # a failed step above must not leave the cluster running
         if run.proc.poll() is None:

@@ -376,8 +376,13 @@ class Process:
                 texts.get(self.stderr) if self.stderr else None)
 
     def send_signal(self, signum):
-        if self.returncode is None:
-            os.kill(self.pid, signum)
+        """As Popen.send_signal. The warm server, not this process, reaps the child, so it
+        can be gone before poll() has read that it ended: no such process then means that."""
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
 
     def terminate(self):
         self.send_signal(signal.SIGTERM)

@@ -106,6 +106,44 @@ def test_a_raw_session_close_comes_after_every_hooks_end(tmp_path):
     assert events == ["end first", "end last", "close"]
 
 
+@pytest.mark.parametrize("error", internals.SESSION_RETRY_ERRORS)
+def test_a_failed_session_creation_pauses_before_tensorflows_retry(error, tmp_path, monkeypatch):
+    """MonitoredTrainingSession (Estimator's) creates its session again at once, in a loop,
+    after these errors (a peer gone); the pause comes before each retry, counting the
+    failures in a row, and a created session starts the count again."""
+    monkeypatch.setattr(internals, "_retry_pause", [None])
+    pauses, tries = [], []
+    internals.pause_before_session_retries(pauses.append)
+
+    def init_fn(scaffold, session):
+        tries.append(len(pauses))
+        if len(tries) <= 2:
+            raise error(None, None, "a peer is gone")
+
+    for creator in (tf.compat.v1.train.ChiefSessionCreator,
+                    tf.compat.v1.train.WorkerSessionCreator):
+        assert creator.create_session.pauses_before_retries
+    with tf.Graph().as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        scaffold = tf.compat.v1.train.Scaffold(init_fn=init_fn)
+        with tf.compat.v1.train.MonitoredTrainingSession(
+                checkpoint_dir=str(tmp_path / "first"), scaffold=scaffold,
+                save_summaries_steps=None, save_summaries_secs=None,
+                log_step_count_steps=None):
+            pass
+    assert tries == [0, 1, 2] and pauses == [1, 2]
+    with tf.Graph().as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        tries.clear()
+        scaffold = tf.compat.v1.train.Scaffold(init_fn=init_fn)
+        with tf.compat.v1.train.MonitoredTrainingSession(
+                checkpoint_dir=str(tmp_path / "second"), scaffold=scaffold,
+                save_summaries_steps=None, save_summaries_secs=None,
+                log_step_count_steps=None):
+            pass
+    assert pauses == [1, 2, 1, 2]
+
+
 def test_sync_replicas_hook_and_quiet_queue_runner_end():
     with tf.Graph().as_default():
         step = tf.compat.v1.train.get_or_create_global_step()

@@ -15,9 +15,9 @@ To add one (a helper branch that needs another internal):
    "name", why)` (read), `_set(owner, "name", value, why)` (write) or `_require(obj,
    "name", why)`; `why` says what breaks without it. A patch of a TensorFlow object goes in
    a function here too (see `replace_method`, `already_reduced`).
-2. List every private name it touches in NAMES (owner dotted path -> attributes) and the
-   signature of any private callable in SIGNATURES; a method whose TensorFlow source is
-   copied here gets its digest in MIRRORED.
+2. List every private name it touches in pins.py's NAMES (owner dotted path -> attributes)
+   and the signature of any private callable in SIGNATURES; a method whose TensorFlow source
+   is copied here gets its digest in MIRRORED.
 3. Add a canary in tests/test_tf_compat.py for anything set on instances (NAMES checks
    classes and modules only).
 """
@@ -43,6 +43,7 @@ from tensorflow.python.util import deprecation
 from tensorflow_estimator.python.estimator import early_stopping as tf_early_stopping
 from tensorflow_estimator.python.estimator import training as tf_training
 
+from estimator_dist.compat.pins import MIRRORED, NAMES, SIGNATURES  # noqa: F401 (the canaries)
 from estimator_dist.errors import ReportedError
 
 SUPPORTED = "TensorFlow 2.15 (tensorflow-estimator 2.15)"
@@ -79,71 +80,6 @@ def _require(owner, name: str, why: str):
 def _set(owner, name: str, value, why: str):
     _require(owner, name, why)
     setattr(owner, name, value)
-
-
-# The private names used below, by owner: checked on classes and modules by the canaries.
-NAMES = {
-    "tensorflow.python.distribute.collective_all_reduce_strategy.CollectiveAllReduceExtended":
-        ("_enable_check_health",),
-    "tensorflow.python.client.pywrap_tf_session": ("TF_SetTfXlaCpuGlobalJit",),
-    "tensorflow.python.util._pywrap_util_port": ("IsMklEnabled",),
-    "tensorflow.python.training.sync_replicas_optimizer": ("_SyncReplicasOptimizerHook",),
-    "tensorflow.python.util.deprecation": ("_PRINT_DEPRECATION_WARNINGS",),
-    "tensorflow.python.training.training_util": ("_get_or_create_global_step_read",),
-    "tensorflow.python.framework.ops": ("get_gradient_function",),
-    "tensorflow.python.distribute.values": ("PerReplica", "Mirrored", "DistributedVariable"),
-    "tensorflow.python.distribute.ps_values": ("AggregatingVariable",),
-    "tensorflow.python.training.optimizer.Optimizer": ("_distributed_apply",),
-    "tensorflow.python.training.basic_session_run_hooks.CheckpointSaverHook":
-        ("_set_steps_per_run", "_get_saver", "_save"),
-    "tensorflow_estimator.python.estimator.training":
-        ("_ContinuousEvalListener", "_EvalStatus", "_TrainingExecutor"),
-    "tensorflow_estimator.python.estimator.early_stopping":
-        ("_MultiWorkerEarlyStoppingHook", "_StopOnPredicateHook", "_CheckForStoppingHook",
-         "read_eval_metrics"),
-}
-
-# Private callables called here: their signatures as inspect prints them on TF 2.15.
-SIGNATURES = {
-    "tensorflow_estimator.python.estimator.training._TrainingExecutor":
-        "(estimator, train_spec, eval_spec, train_hooks=None, continuous_eval_listener=None)",
-    "tensorflow_estimator.python.estimator.early_stopping._MultiWorkerEarlyStoppingHook":
-        "(should_stop_fn, run_every_steps=None)",
-    "tensorflow_estimator.python.estimator.early_stopping._StopOnPredicateHook":
-        "(should_stop_fn, run_every_secs=60, run_every_steps=None)",
-    "tensorflow_estimator.python.estimator.early_stopping._CheckForStoppingHook": "()",
-    "tensorflow_estimator.python.estimator.early_stopping.read_eval_metrics": "(eval_dir)",
-    "tensorflow.python.training.optimizer.Optimizer._distributed_apply":
-        "(self, distribution, grads_and_vars, global_step=None, name=None)",
-    "tensorflow.python.training.basic_session_run_hooks.CheckpointSaverHook._set_steps_per_run":
-        "(self, steps_per_run)",
-    "tensorflow.python.training.basic_session_run_hooks.CheckpointSaverHook._save":
-        "(self, session, step)",
-    "tensorflow.python.distribute.distribute_utils.regroup":
-        "(values, wrap_class=<class 'tensorflow.python.distribute.values.PerReplica'>, "
-        "always_wrap=False)",
-    "tensorflow.python.framework.ops.get_gradient_function": "(op)",
-    "tensorflow.python.framework.meta_graph.create_meta_graph_def":
-        "(meta_info_def=None, graph_def=None, saver_def=None, collection_list=None, "
-        "graph=None, export_scope=None, exclude_nodes=None, clear_extraneous_savers=False, "
-        "strip_default_attrs=False)",
-    "tensorflow.python.lib.io.file_io.atomic_write_string_to_file":
-        "(filename, contents, overwrite=True)",
-    "tensorflow.python.eager.context.Context.configure_coordination_service":
-        "(self, service_type, service_leader='', "
-        "enable_health_check=True, cluster_register_timeout_in_ms=0, "
-        "heartbeat_timeout_in_ms=0, shutdown_barrier_timeout_in_ms=0, "
-        "coordinated_jobs=None, allow_new_incarnation_to_reconnect=False)",
-    "tensorflow.python.distribute.distribute_lib.StrategyExtendedV2.batch_reduce_to":
-        "(self, reduce_op, value_destination_pairs, options=None)",
-}
-
-# TensorFlow methods whose source is copied here (sha256 of inspect.getsource on TF 2.15):
-# a changed digest means the copy must be compared with TensorFlow's new version.
-MIRRORED = {
-    "tensorflow.python.training.basic_session_run_hooks.CheckpointSaverHook."
-    "after_create_session": "8403ea18570b84c02ec1d2e00590f5e6162323ae771c2155faa0402cc6f28219",
-}
 
 
 def source_digest(function) -> str:
@@ -329,6 +265,40 @@ def before_session_close(session, callback):
     original = session.close
     replace_method(session, "close", lambda: (
         replace_method(session, "close", original), callback(), original()))
+
+
+# TensorFlow's recoverable session (MonitoredSession: Estimator's training and evaluation)
+# creates its session again at once, in a loop, when creating it raised one of these.
+SESSION_RETRY_ERRORS = (tf.errors.AbortedError, tf.errors.UnavailableError)
+
+
+_retry_pause = [None]  # the pause pause_before_session_retries set last
+
+
+def pause_before_session_retries(pause):
+    """In every session creator of this process: after create_session raised one of
+    SESSION_RETRY_ERRORS (a peer gone), `pause(n)` (n: such failures in a row) before the
+    error propagates to the recoverable session's retry. A later call replaces `pause`."""
+    _retry_pause[0] = pause
+    for creator in (tf.compat.v1.train.ChiefSessionCreator,
+                    tf.compat.v1.train.WorkerSessionCreator):
+        original = creator.create_session
+        if getattr(original, "pauses_before_retries", False):
+            continue
+        failures = [0]
+
+        def create_session(self, original=original, failures=failures):
+            try:
+                session = original(self)
+            except SESSION_RETRY_ERRORS:
+                failures[0] += 1
+                _retry_pause[0](failures[0])
+                raise
+            failures[0] = 0
+            return session
+
+        create_session.pauses_before_retries = True
+        creator.create_session = create_session
 
 
 # Keras

@@ -23,6 +23,7 @@ from typing import Optional
 import tensorflow as tf
 
 from estimator_dist import timers
+from estimator_dist.compat import internals
 from estimator_dist.guards import signals
 from estimator_dist.guards import stop_messages
 from estimator_dist.errors import EXIT_PEER_LOST, ReportedError, message, op_error_line
@@ -49,6 +50,24 @@ INCARNATION = "incarnation"
 # transport/tcp/pair.cc:589] Read error [127.0.0.1]:25523: Connection reset by peer").
 HOROVOD_SHUT_DOWN = "Horovod has been shut down"
 GLOO_TRANSPORT = "gloo/transport/"
+
+
+# TensorFlow creates a session again at once when creating it failed for a peer's sake: about
+# 12 tries a second (a 2-worker digits chief, measured), one core busy for as long as the peer
+# is gone (a launcher's 20 s stop, an orchestrator's restart). Between tries: a pause doubling
+# from RETRY_PAUSE_FIRST_S up to RETRY_PAUSE_MAX_S, so a peer back soon is joined soon.
+RETRY_PAUSE_FIRST_S = 0.1
+RETRY_PAUSE_MAX_S = 2.0
+
+
+def retry_pause(failures: int) -> float:
+    """Seconds to wait after the `failures`th failed session creation in a row."""
+    return min(RETRY_PAUSE_MAX_S, RETRY_PAUSE_FIRST_S * 2 ** (failures - 1))
+
+
+def pause_between_session_retries():
+    """This process's session re-creations after a lost peer wait retry_pause() each."""
+    internals.pause_before_session_retries(lambda failures: time.sleep(retry_pause(failures)))
 
 
 def is_peer_error(error: BaseException) -> bool:

@@ -13,6 +13,7 @@ stopped after the chief finished the run says `done` and exits 0.
 from typing import Any, Dict
 
 from estimator_dist.distribute import role as role_lib
+from estimator_dist.guards import peers
 from estimator_dist.guards.training_guard import EXIT, SAVE, SERVE_UNTIL_SAVED, VOTE
 from estimator_dist.training import config as config_lib
 from estimator_dist.training import steps
@@ -25,6 +26,7 @@ def run(config: config_lib.Config, out=print, extra_hooks=()) -> Dict[str, Any]:
     extra_hooks: SessionRunHooks added to training's (the bench's step clock).
     """
     p = plan(config, defer_prepare=True)
+    peers.pause_between_session_retries()
     return procedure(p.role)(p, out, extra_hooks)
 
 

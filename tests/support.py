@@ -44,8 +44,12 @@ def short_timers_setting(**seconds_of):
     """SHORT_TIMERS, with `seconds_of` instead where given, as timers.ENV's value
     (`monkeypatch.setenv(timers.ENV, ...)` for a launcher run in the test's own process: its
     tasks inherit it)."""
-    chosen = {**SHORT_TIMERS, **seconds_of}
-    return ",".join(f"{name}={seconds:g}" for name, seconds in chosen.items())
+    return timers_setting(**{**SHORT_TIMERS, **seconds_of})
+
+
+def timers_setting(**seconds_of):
+    """timers.ENV's value that shortens only the timers given (the rest keep the product's)."""
+    return ",".join(f"{name}={seconds:g}" for name, seconds in seconds_of.items())
 
 
 def cli_argv(*args):

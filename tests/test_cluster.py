@@ -11,10 +11,11 @@ import types
 import pytest
 import yaml
 
+from estimator_dist import timers
 from estimator_dist.launch import supervisor as launcher
 from estimator_dist.launch import tfjob
 from support import (REPO, TRAIN, Run, alive, checkpoint_steps, cli_argv, cli_in_process,
-                     environment, final_export, run_cli, supervise, wait_for)
+                     environment, final_export, run_cli, supervise, timers_setting, wait_for)
 
 
 def test_multi_worker_mirrored_two_workers_and_evaluator(tmp_path, monkeypatch):
@@ -65,10 +66,11 @@ def test_killed_worker_is_restarted_and_run_finishes(strategy, ps, expect, tmp_p
     model_dir = str(tmp_path / "run")
     tmp = tmp_path / "tmp"
     tmp.mkdir()
+    # The killed worker's peers wait out the SIGTERM deadline (they cannot vote): 8 s, not 20.
     run = Run(["--workers", "2", "--ps", ps, "--evaluator", "--strategy", strategy,
                "--max_restarts", "2", "--train_steps", "200", "--save_checkpoints_steps", "40",
                "--model_dir", model_dir] + TRAIN, timeout=400,
-              env=environment(TMPDIR=str(tmp)))
+              env=environment(TMPDIR=str(tmp), **{timers.ENV: timers_setting(peer_deadline_s=8)}))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and run.proc.poll() is None:
         if os.path.isdir(model_dir) and [s for s in checkpoint_steps(model_dir) if s > 0]:

@@ -12,10 +12,11 @@ import pytest
 import yaml
 
 from estimator_dist.cli.main import main
-from estimator_dist import checkpoint_files
+from estimator_dist import checkpoint_files, timers
 from estimator_dist.errors import UserError
 from estimator_dist.launch import elastic, tfjob
-from support import REPO, Run, alive, latest_step, run_cli, wait_for
+from support import (REPO, Run, alive, environment, latest_step, run_cli, timers_setting,
+                     wait_for)
 from test_elastic import TOLERANCE, max_abs_difference
 
 # A TF1 model_fn as users write it, with its own train_op; while the file `slow` is in the
@@ -121,9 +122,11 @@ def test_a_worker_killed_with_no_restarts_left_drops_its_slot_then_waits(user_di
     than --min_workers; the launcher waits (starting nothing) until a slot is added, then
     re-forms from the last checkpoint (the peers could not vote) and finishes."""
     slots(user_dir / "slots", "localhost:2\n")
+    # The chief, left alone, waits out the SIGTERM deadline (it cannot vote): 8 s, not 20.
     run = Run(["--discovery", "slots", "--min_workers", "2", "--max_restarts", "0", *FLAGS,
                "--train_steps", "40", "--save_checkpoints_steps", "5", "--model_dir", "run"],
-              timeout=600, cwd=user_dir)
+              timeout=600, cwd=user_dir,
+              env=environment(**{timers.ENV: timers_setting(peer_deadline_s=8)}))
     _, i = wait_for(run, STEP)
     pid = run.pid_of("worker:0")
     os.kill(pid, signal.SIGKILL)

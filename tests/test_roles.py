@@ -150,6 +150,7 @@ class Script:
         self.real, self.model_dir, self.signum, self.exits = real_steps, model_dir, signum, exits
         self.calls, self.guards = [], []
         self.silent = real_steps.silent
+        self.graph = None  # _train's
 
     def __getattr__(self, name):
         if not callable(getattr(self.real, name, None)) or name.startswith("_"):
@@ -223,7 +224,7 @@ class Script:
                     raise Exited(script.exits[0])
 
         spec = tf.estimator.TrainSpec(lambda: None, max_steps=LAST_STEP)
-        with tf.Graph().as_default():
+        with tf.Graph().as_default() as self.graph:
             global_step = tf.compat.v1.train.get_or_create_global_step()
             w = tf.compat.v1.get_variable("w", [], initializer=tf.compat.v1.zeros_initializer())
             train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
@@ -263,10 +264,18 @@ def drive(name, signum, tmp_path, monkeypatch):
             raise Exited(exits[-1])  # the vote's exit at the session's close: nothing follows
 
     monkeypatch.setattr(signals, "exit_now", exit_now)
+    script = Script(steps, str(tmp_path / "run"), signum, exits)
     close = tf.compat.v1.Session.close
-    monkeypatch.setattr(tf.compat.v1.Session, "close",
-                        lambda session: (events.append("session close"), close(session))[1])
-    monkeypatch.setattr(procedures, "steps", Script(steps, str(tmp_path / "run"), signum, exits))
+
+    def closing(session):
+        # The training session's close only: Session.__del__ closes too, and an earlier
+        # test's session collected meanwhile (a CI run saw three) is none of this run's.
+        if session.graph is script.graph:
+            events.append("session close")
+        return close(session)
+
+    monkeypatch.setattr(tf.compat.v1.Session, "close", closing)
+    monkeypatch.setattr(procedures, "steps", script)
     # Ctrl-C as in the CLI's process: KeyboardInterrupt (a pytest-xdist worker ignores SIGINT)
     previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     strategy = {"local": "none", "ps": "parameter_server", "horovod": "horovod"}.get(

@@ -120,28 +120,24 @@ def test_a_failed_session_creation_pauses_before_tensorflows_retry(error, tmp_pa
         if len(tries) <= 2:
             raise error(None, None, "a peer is gone")
 
+    def session_created(name):
+        tries.clear()
+        with tf.Graph().as_default():
+            tf.compat.v1.train.get_or_create_global_step()
+            with tf.compat.v1.train.MonitoredTrainingSession(
+                    checkpoint_dir=str(tmp_path / name),
+                    scaffold=tf.compat.v1.train.Scaffold(init_fn=init_fn),
+                    save_summaries_steps=None, save_summaries_secs=None,
+                    log_step_count_steps=None):
+                pass
+
     for creator in (tf.compat.v1.train.ChiefSessionCreator,
                     tf.compat.v1.train.WorkerSessionCreator):
         assert creator.create_session.pauses_before_retries
-    with tf.Graph().as_default():
-        tf.compat.v1.train.get_or_create_global_step()
-        scaffold = tf.compat.v1.train.Scaffold(init_fn=init_fn)
-        with tf.compat.v1.train.MonitoredTrainingSession(
-                checkpoint_dir=str(tmp_path / "first"), scaffold=scaffold,
-                save_summaries_steps=None, save_summaries_secs=None,
-                log_step_count_steps=None):
-            pass
+    session_created("first")
     assert tries == [0, 1, 2] and pauses == [1, 2]
-    with tf.Graph().as_default():
-        tf.compat.v1.train.get_or_create_global_step()
-        tries.clear()
-        scaffold = tf.compat.v1.train.Scaffold(init_fn=init_fn)
-        with tf.compat.v1.train.MonitoredTrainingSession(
-                checkpoint_dir=str(tmp_path / "second"), scaffold=scaffold,
-                save_summaries_steps=None, save_summaries_secs=None,
-                log_step_count_steps=None):
-            pass
-    assert pauses == [1, 2, 1, 2]
+    session_created("second")
+    assert tries == [2, 3, 4] and pauses == [1, 2, 1, 2]
 
 
 def test_sync_replicas_hook_and_quiet_queue_runner_end():

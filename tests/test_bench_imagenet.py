@@ -120,6 +120,17 @@ def test_the_check_can_fail_a_flip_after_the_resize_is_not_within_it(jpegs):
     assert worst > MAX_MAE
 
 
+def test_the_pixels_only_floor_makes_r1s_pixels_less_the_mean(jpegs):
+    """The floor the bench measures does r1's pixel work and nothing else: the same values as
+    r1's unflipped image before its mean subtraction."""
+    for jpeg in jpegs:
+        for window in _windows(jpeg):
+            r1 = reference.preprocess_window(jpeg, window, tf.constant(False), 64)
+            floor = reference.pixels(jpeg, window, 64)
+            np.testing.assert_allclose(floor.numpy() - np.array(reference.CHANNEL_MEANS),
+                                       r1.numpy(), atol=1e-4)
+
+
 def test_imagenet_input_runs_each_op_on_one_thread(tmp_path):
     """r1's max_intra_op_parallelism = 1, for training and eval."""
     from estimator_dist.training.registry import INPUTS
@@ -152,6 +163,10 @@ def test_targets_a_to_c_have_the_issues_goals():
     assert goals == {
         ("imagenet_input", "input alone, per CPU-second: project / r1, 224 px"): ("cpu", 1.3),
         ("imagenet_input", "input alone, per CPU-second: project / r1, 64 px"): ("cpu", 1.3),
+        ("imagenet_input", "input alone, per CPU-second: r1 pixels-only / r1, 224 px"):
+            ("cpu", None),
+        ("imagenet_input", "input alone, per CPU-second: r1 pixels-only / r1, 64 px"):
+            ("cpu", None),
         ("resnet50", "project none / Keras fit, N=1"): ("min", 1.0),
         ("resnet50", "project mirrored / Keras fit mirrored, N=2"): ("min", 1.0),
         ("resnet50", "real input / in-memory, N=1"): ("min", 0.95),
@@ -175,7 +190,7 @@ def test_the_pipeline_target_is_examples_per_cpu_second_burst_by_burst():
                                      [project, r1])
     row = next(t for t in rows if t["target"].endswith("64 px"))
     assert math.isclose(row["ratio"], 1.2) and row["met"] is False  # median of 1.4, 1.0, 1.2
-    assert row["note"] == "in wall time 1.000"
+    assert "note" not in row  # its wall time depends on how long it waited at the gate
 
 
 class CpuGate:

@@ -6,7 +6,8 @@ once per run (imagenet_data.py):
 - `imagenet_input`: an input pipeline alone, iterated batch by batch: `input` is the
   project's `imagenet` training input (with the model's post-batch normalization, so
   both sides end at normalized float32 batches); `r1input` is Model Garden r1's, as
-  published (imagenet_reference.py). Compared per CPU-second of the process.
+  published (imagenet_reference.py); `pixels` is r1's less its flip and mean subtraction
+  (the floor of any pipeline that gives r1's pixels). Compared per CPU-second of the process.
 - `resnet50`: the project's `resnet50` model against Keras `Model.fit` on the same network
   (`keras_resnet50`), and on the real records against in-memory images (`bench_images`).
 - `imagenet_overhead`: the `imagenet` input feeding a trivial model (`bench_trivial`: global
@@ -84,15 +85,22 @@ def run_input(spec, clock):
     return 0
 
 
-def run_r1input(spec, clock):
-    """Model Garden r1's training input alone (imagenet_reference.py)."""
+def run_r1input(spec, clock, pixels_only=False):
+    """Model Garden r1's training input alone (imagenet_reference.py); pixels_only: less its
+    flip and mean subtraction, the floor of any pipeline that gives r1's pixels."""
     from estimator_dist.bench import imagenet_reference
     from estimator_dist.records import layout
 
     files = layout.shard_files(spec["data_dir"], "train")
-    for _ in imagenet_reference.input_fn(files, spec["global_batch"], spec["image_size"]):
+    parse = imagenet_reference.pixels_only_record if pixels_only else \
+        imagenet_reference.parse_record
+    for _ in imagenet_reference.input_fn(files, spec["global_batch"], spec["image_size"], parse):
         clock.step_done()
     return 0
+
+
+def run_pixels_only(spec, clock):
+    return run_r1input(spec, clock, pixels_only=True)
 
 
 def trivial_params(spec):
@@ -200,5 +208,5 @@ def run_keras_resnet50(spec, clock):
     return 0
 
 
-DRIVERS = {"input": run_input, "r1input": run_r1input, "bare": run_bare,
+DRIVERS = {"input": run_input, "r1input": run_r1input, "pixels": run_pixels_only, "bare": run_bare,
            "keras": run_keras_resnet50}

@@ -101,14 +101,32 @@ def parse_record(raw_record, size, dtype=tf.float32):
     return tf.cast(image, dtype), label
 
 
-def input_fn(filenames, batch_size, size):
-    """r1's input_fn(is_training=True, num_epochs=None) over these train-* files."""
+def pixels(image_buffer, window, size):
+    """r1's pixels of a crop window before its flip and mean subtraction: decode-and-crop,
+    resize. Not r1's code: the bench's pixels-only floor (imagenet_cases.run_pixels_only)."""
+    cropped = tf.image.decode_and_crop_jpeg(image_buffer, window, channels=NUM_CHANNELS)
+    image = resize_image(cropped, size, size)
+    image.set_shape([size, size, NUM_CHANNELS])
+    return image
+
+
+def pixels_only_record(raw_record, size):
+    """parse_record less the flip and the mean subtraction: only the ops that make r1's
+    pixels (parse, crop window, decode-and-crop, resize), the floor of any pipeline that
+    must give them."""
+    image_buffer, label, bbox = parse_example_proto(raw_record)
+    return pixels(image_buffer, crop_window(image_buffer, bbox), size), label
+
+
+def input_fn(filenames, batch_size, size, parse_record_fn=parse_record):
+    """r1's input_fn(is_training=True, num_epochs=None) over these train-* files
+    (parse_record_fn: r1's own unless the bench's pixels-only floor is measured)."""
     dataset = tf.data.Dataset.from_tensor_slices(list(filenames))
     dataset = dataset.shuffle(buffer_size=len(filenames))
     dataset = dataset.interleave(tf.data.TFRecordDataset, cycle_length=CYCLE_LENGTH,
                                  num_parallel_calls=tf.data.experimental.AUTOTUNE)
     return process_record_dataset(dataset, batch_size, SHUFFLE_BUFFER,
-                                  lambda value: parse_record(value, size))
+                                  lambda value: parse_record_fn(value, size))
 
 
 def process_record_dataset(dataset, batch_size, shuffle_buffer, parse_record_fn):

@@ -136,7 +136,7 @@ class Case:
 
 
 # The ImageNet bench's input pipelines alone: driver -> whose pipeline (imagenet_cases.py).
-PIPELINE_DRIVERS = {"input": "project", "r1input": "Model Garden r1"}
+PIPELINE_DRIVERS = {"input": "project", "r1input": "Model Garden r1", "pixels": "r1 pixels-only"}
 
 
 def imagenet_cases(model: str) -> List[Case]:
@@ -235,6 +235,11 @@ TARGETS = [
 ] + [(f"input alone, per CPU-second: project / r1, {size} px",
        f"project input alone {size} px", f"Model Garden r1 input alone {size} px", "cpu", 1.3)
       for size in PIPELINE_SIZES] + [
+    # The most a pipeline that gives r1's pixels (within 2/255) can save: r1 less its flip
+    # and mean subtraction, decode-and-crop and resize left (docs/speed.md).
+    (f"input alone, per CPU-second: r1 pixels-only / r1, {size} px",
+     f"r1 pixels-only input alone {size} px", f"Model Garden r1 input alone {size} px", "cpu",
+     None) for size in PIPELINE_SIZES] + [
     ("trivial model: project Estimator / bare tf.data loop", "project none N=1 real input",
      "bare none N=1 real input", "min", 0.95),
 ] + [target for compressed in ("fp16", "bf16") for target in (

@@ -264,6 +264,40 @@ def test_a_bad_groups_value_is_one_line_exit_2(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+NO_PREDICTIONS_MODEL = """
+import tensorflow as tf
+import estimator_dist as ed
+
+
+@ed.register_model("no_predictions", hparams={"optimizer": "sgd", "learning_rate": 0.01},
+                   default_input="digits")
+def no_predictions(features, labels, mode, params):
+    logits = tf.compat.v1.layers.dense(tf.compat.v1.layers.flatten(features["image"]), 10)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    # no PREDICT branch: the infer graph rank 0 checks before training has no predictions
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=ed.minimize(loss, params))
+"""
+
+
+@needs_horovod
+def test_a_model_rank_0_refuses_ends_every_rank_in_one_line_each(tmp_path):
+    """Rank 0 refuses the model before training (exit 2); rank 1, waiting for rank 0's
+    resume step, used to die of Horovod's shutdown with a 40-line traceback."""
+    (tmp_path / "my_models.py").write_text(NO_PREDICTIONS_MODEL)
+    done = run_cli("cluster", "--launcher", "horovod", "--workers", 2, "--import", "my_models",
+                   "--model", "no_predictions", "--train_steps", 20, "--model_dir", "run",
+                   cwd=tmp_path, timeout=LAUNCH_TIMEOUT)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert "Traceback" not in out, out
+    assert "[rank:0] estimator-dist: error: model 'no_predictions' could not build its infer " \
+           "graph: " in out, out
+    rank_1 = [line for line in out.splitlines() if line.startswith("[rank:1]")]
+    assert all(line.startswith("[rank:1] estimator-dist: error: training stopped before its "
+                               "first step: another Horovod rank ended (Horovod has been shut "
+                               "down; its own line says why)") for line in rank_1), out
+
+
 class FakeHorovod:
     """hvd as init() uses it: what HOROVOD_CYCLE_TIME held when hvd.init() ran."""
 

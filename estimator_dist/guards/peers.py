@@ -101,8 +101,10 @@ def peer_failed(error: tf.errors.OpError, step, latest) -> PeerLost:
 
 
 def rank_ended(error: tf.errors.OpError, step, latest) -> PeerLost:
+    """step None: the rank had not trained yet (rank 0's resume step had not reached it)."""
     seen = HOROVOD_SHUT_DOWN if HOROVOD_SHUT_DOWN in message(error) else op_error_line(error)
-    return PeerLost(f"training stopped at step {step}: another Horovod rank ended "
+    when = "before its first step" if step is None else f"at step {step}"
+    return PeerLost(f"training stopped {when}: another Horovod rank ended "
                     f"({seen}; its own line says why); {_resume(latest)}")
 
 

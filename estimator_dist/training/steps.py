@@ -24,6 +24,7 @@ from estimator_dist.graph.train_op_checks import TrainOpCheckHook
 from estimator_dist.guards import checkpoints as checkpoints_lib
 from estimator_dist.guards import identical_batches
 from estimator_dist.guards import model_dir_lock
+from estimator_dist.guards import peers
 from estimator_dist.guards import signals
 from estimator_dist.guards import stop_messages
 from estimator_dist.guards import storage
@@ -126,7 +127,12 @@ def resume_step(p: Plan) -> Optional[int]:
     damaged state file reads as None (check_resume repairs it; it is read again after)."""
     if not p.role.horovod:
         return latest_step(p.model_dir)
-    return hvd_lib.agree_on(latest_step(p.model_dir) if p.role.writes_run_files else None)
+    try:
+        return hvd_lib.agree_on(latest_step(p.model_dir) if p.role.writes_run_files else None)
+    except tf.errors.OpError as error:  # rank 0 ended first, e.g. refusing the model
+        if peers.is_horovod_shut_down(error):
+            raise peers.rank_ended(error, None, tf.train.latest_checkpoint(p.model_dir)) from None
+        raise
 
 
 def start(p: Plan, out, say, owner: bool, evaluates: bool):

@@ -245,4 +245,7 @@ def test_quick_imagenet_bench_prints_targets_a_to_c_with_met_or_missed(tmp_path)
                           "trivial model: project Estimator / bare tf.data loop")]:
         line = next(l for l in lines if l.startswith(model) and label in l)
         assert " met " in line or " MISSED " in line, line
+    # the pixels-only floor: a ratio, no goal
+    floor = next(l for l in lines if "r1 pixels-only / r1, 64 px" in l)
+    assert floor.startswith("imagenet_input") and " - " in floor, floor
     assert not (out / "work").exists()
